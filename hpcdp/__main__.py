@@ -1,0 +1,3 @@
+from hpcdp.cli import main
+
+raise SystemExit(main())

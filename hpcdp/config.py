@@ -1,0 +1,440 @@
+"""Cluster profiles and experiment files: typed, validated, with fix-it errors.
+
+Both are YAML mappings read into frozen dataclasses. Validation happens here, before anything is
+written or submitted: an unknown key names the closest valid one, a wrong type names the field,
+the value and the expected type, and impossible combinations say what would be valid. Every field
+can be overridden from the command line with `--set section.field=value` (YAML syntax for value).
+Pure Python: train/ imports this module too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from hpcdp import PROFILES_DIR, EXPERIMENTS_DIR
+from hpcdp import strategies
+from hpcdp.errors import UsageError, did_you_mean, one_line
+
+# --------------------------------------------------------------------------------------------
+# Cluster profile
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterProfile:
+    """How one Slurm cluster wants jobs asked for and started."""
+
+    name: str = "cluster"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str = "01:00:00"
+    """Slurm time limit: MM, HH:MM:SS or D-HH:MM:SS."""
+    gpus_per_node: int = 0
+    """GPUs on each node; 0 for CPU-only nodes (then cpu_ranks_per_node ranks per node)."""
+    gpu_request: Literal["gpus-per-node", "gres"] = "gpus-per-node"
+    """How the cluster wants GPUs asked: `--gpus-per-node=N` or `--gres=gpu:N`."""
+    gpu_type: str | None = None
+    """Optional GPU type, e.g. v100: `--gres=gpu:v100:N` / `--gpus-per-node=v100:N`."""
+    cpu_ranks_per_node: int = 1
+    """Ranks per node for one-process-per-device strategies on CPU-only nodes."""
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    """Memory per node as Slurm takes it (e.g. 64G; 0 for all of it)."""
+    modules: list[str] = field(default_factory=list)
+    """`module load` names, in order."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run before training, verbatim (e.g. `source ~/venvs/hpcdp/bin/activate`)."""
+    python: str = ""
+    """Interpreter that runs `python -m train`; empty: the one running hpcdp."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables exported in the job."""
+    network_interface: str | None = None
+    """NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, e.g. ib0 or ^lo,docker."""
+    srun_mpi: str = "pmix"
+    """srun --mpi plugin for MPI launches (see `srun --mpi=list`)."""
+    horovod_controller: Literal["mpi", "gloo"] = "mpi"
+    """Horovod's controller: MPI through srun --mpi, or Gloo with a rendezvous set up by hpcdp."""
+    extra_sbatch: list[str] = field(default_factory=list)
+    """Extra `#SBATCH` options, each like `--constraint=v100` or `--exclusive`."""
+    output_dir: str = "runs"
+    """Where runs are written: OUTPUT_DIR/EXPERIMENT/STRATEGY-Nn/. Relative to the cwd."""
+
+    def __post_init__(self) -> None:
+        _check(self.name, "cluster.name", _NAME_RE, "letters, digits, '.', '_' and '-'")
+        if not _TIME_RE.fullmatch(self.time_limit):
+            raise UsageError(
+                f"cluster.time_limit {self.time_limit!r} is not a Slurm time; "
+                "valid forms: MM, HH:MM:SS, D-HH:MM:SS"
+            )
+        _at_least("cluster.gpus_per_node", self.gpus_per_node, 0)
+        _at_least("cluster.cpu_ranks_per_node", self.cpu_ranks_per_node, 1)
+        if self.cpus_per_task is not None:
+            _at_least("cluster.cpus_per_task", self.cpus_per_task, 1)
+        for opt in self.extra_sbatch:
+            if not opt.startswith("-") or "\n" in opt:
+                raise UsageError(
+                    f"cluster.extra_sbatch entry {opt!r} must be one sbatch option "
+                    "starting with '-', e.g. --constraint=v100"
+                )
+        for key in self.env:
+            _check(key, "cluster.env key", _ENV_RE, "a shell variable name")
+        if self.srun_mpi and not _NAME_RE.fullmatch(self.srun_mpi):
+            raise UsageError(f"cluster.srun_mpi {self.srun_mpi!r}: expected a plugin name like pmix")
+
+    def devices_per_node(self) -> int:
+        """GPUs per node, or CPU ranks per node on CPU-only clusters."""
+        return self.gpus_per_node or self.cpu_ranks_per_node
+
+
+# --------------------------------------------------------------------------------------------
+# Experiment
+
+MODEL_PRESETS = ("tiny", "gpt2-100m", "gpt2-124m")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    preset: Literal["tiny", "gpt2-100m", "gpt2-124m"] = "tiny"
+    """tiny: 2 layers, width 128 (tests); gpt2-100m: the paper's; gpt2-124m: the standard GPT-2."""
+    dropout: float = 0.0
+    attention: Literal["sdpa", "eager"] = "sdpa"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    corpus: str = "shakespeare"
+    """A folder of .txt/.md files, a JSON list of strings, a named corpus (shakespeare,
+    fortunes), or `synthetic` (random tokens, for benchmarks)."""
+    tokenizer: Literal["bytes", "bpe", "gpt2"] = "bytes"
+    """bytes: 256 symbols, no files; bpe: byte-level BPE trained locally; gpt2: GPT-2's BPE
+    from local files (data.gpt2_files)."""
+    vocab_size: int | None = None
+    """For `bpe`: the vocabulary to train. Checked against the tokenizer for every kind."""
+    gpt2_files: str | None = None
+    """For `gpt2`: a gpt2.tiktoken file, or a folder with vocab.json and merges.txt."""
+    prepared_dir: str = "data/prepared"
+    """Where `python -m train prepare` writes token files (relative to the cwd)."""
+    val_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.val_fraction < 0.5:
+            raise UsageError(
+                f"data.val_fraction {self.val_fraction!r} must be between 0 and 0.5 (exclusive)"
+            )
+        if self.vocab_size is not None:
+            _at_least("data.vocab_size", self.vocab_size, 257)
+        if self.tokenizer == "bpe" and self.vocab_size is None:
+            raise UsageError("data.vocab_size is required with data.tokenizer 'bpe' (e.g. 8192)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    steps: int = 20
+    """Optimizer steps."""
+    micro_batch_size: int = 4
+    """Sequences per device per forward pass. DataParallel splits micro_batch_size x GPUs."""
+    grad_accum_steps: int = 1
+    seq_len: int = 128
+    lr: float = 1.5e-4
+    min_lr: float = 0.0
+    warmup_steps: int = 0
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    """Max gradient norm; 0 disables clipping."""
+    seed: int = 1234
+    log_interval: int = 1
+    warmup_log_steps: int = 2
+    """Steps left out of throughput medians (compilation, allocator warm-up)."""
+    eval_interval: int = 0
+    """Validation every N steps (0: only at the end)."""
+    eval_batches: int = 4
+    checkpoint_interval: int = 0
+    """Checkpoint every N steps (0: only at the end)."""
+    amp_dtype: Literal["auto", "fp16", "bf16"] = "auto"
+    """Mixed-precision dtype of the -apex strategies; auto: fp16 on GPUs, bf16 on CPU."""
+    amp_backend: Literal["native", "apex"] = "native"
+    """native: torch.autocast + torch.amp.GradScaler; apex: NVIDIA apex.amp (legacy, CUDA)."""
+    apex_opt_level: Literal["O1", "O2"] = "O1"
+    compile: bool = False
+    dist_timeout_s: int = 300
+    """Timeout for process-group set-up and collectives: a hang becomes an error."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "micro_batch_size", "grad_accum_steps", "seq_len", "log_interval",
+                     "eval_batches", "dist_timeout_s"):
+            _at_least(f"train.{name}", getattr(self, name), 1)
+        for name in ("warmup_steps", "eval_interval", "checkpoint_interval", "warmup_log_steps"):
+            _at_least(f"train.{name}", getattr(self, name), 0)
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise UsageError(
+                f"train.lr {self.lr!r} / train.min_lr {self.min_lr!r}: need 0 <= min_lr <= lr, lr > 0"
+            )
+        if self.grad_clip < 0:
+            raise UsageError(f"train.grad_clip {self.grad_clip!r} must be >= 0 (0 disables it)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Matrix:
+    strategies: list[str] = field(default_factory=lambda: list(strategies.NAMES))
+    nodes: list[int] = field(default_factory=lambda: [1])
+
+    def __post_init__(self) -> None:
+        names = [strategies.get(s).name for s in self.strategies]  # raises on unknown names
+        object.__setattr__(self, "strategies", names)
+        for n in self.nodes:
+            _at_least("matrix.nodes entry", n, 1)
+
+    def cells(self) -> list[tuple[strategies.Strategy, int]]:
+        """Every (strategy, nodes) pair the strategy can run; single-node ones skip N > 1."""
+        out = []
+        for name in self.strategies:
+            strategy = strategies.get(name)
+            for nodes in self.nodes:
+                if strategy.max_nodes is None or nodes <= strategy.max_nodes:
+                    out.append((strategy, nodes))
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment:
+    name: str = "experiment"
+    description: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    matrix: Matrix = field(default_factory=Matrix)
+
+    def __post_init__(self) -> None:
+        _check(self.name, "experiment name", _NAME_RE, "letters, digits, '.', '_' and '-'")
+        if self.model.preset == "tiny" and self.train.seq_len > 1024:
+            raise UsageError(f"train.seq_len {self.train.seq_len} exceeds the model's context 1024")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
+_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TIME_RE = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")
+
+
+def _check(value: str, what: str, pattern: re.Pattern, valid: str) -> None:
+    if not pattern.fullmatch(str(value)):
+        raise UsageError(f"{what} {value!r} is not allowed; use {valid}")
+
+
+def _at_least(what: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise UsageError(f"{what} {value!r} must be >= {minimum}")
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    if origin is not None:
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp`; returns the value (dataclasses built)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, where)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, where)
+            except UsageError:
+                continue
+        raise _type_error(value, tp, where)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value in choices:
+            return value
+        raise UsageError(
+            f"{where} {value!r} is not valid{did_you_mean(str(value), map(str, choices))}; "
+            f"valid: {', '.join(map(str, choices))}"
+        )
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise _type_error(value, tp, where)
+        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise _type_error(value, tp, where)
+        return {_coerce(k, key_tp, where): _coerce(v, val_tp, f"{where}.{k}")
+                for k, v in value.items()}
+    if tp is type(None):
+        if value is None:
+            return None
+        raise _type_error(value, tp, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _type_error(value, tp, where)
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _type_error(value, tp, where)
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _type_error(value, tp, where)
+    if tp is str:
+        # YAML reads 01:00:00 as a number of seconds and 8G as a string: accept numbers, say so.
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise _type_error(value, tp, where)
+    raise TypeError(f"unsupported annotation {tp!r} at {where}")
+
+
+def _type_error(value: Any, tp: Any, where: str) -> UsageError:
+    return UsageError(f"{where} {value!r} has the wrong type; expected {_type_name(tp)}")
+
+
+def build(cls: type, data: Any, where: str) -> Any:
+    """Build dataclass `cls` from a mapping, naming `where` in every error."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{where} must be a mapping of keys to values, not {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    valid = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in valid:
+            raise UsageError(
+                f"unknown key {key!r} in {where}{did_you_mean(str(key), valid)}; "
+                f"valid keys: {', '.join(valid)}"
+            )
+        kwargs[key] = _coerce(value, hints[key], f"{where}.{key}" if where else key)
+    return cls(**kwargs)
+
+
+def read_yaml(path: Path, what: str) -> dict:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UsageError(f"{what} file {str(path)!r} does not exist") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{what} file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise UsageError(f"{what} file {str(path)!r} is not valid YAML{at}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UsageError(
+            f"{what} file {str(path)!r} must hold a YAML mapping (key: value lines), "
+            f"not a {type(data).__name__}"
+        )
+    return data
+
+
+def _resolve(spec: str, folder: Path, what: str) -> Path:
+    """A shipped name (`local`, `smoke`) or a path to a YAML file."""
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml") or "/" in spec or path.exists():
+        return path
+    candidate = folder / f"{spec}.yaml"
+    if candidate.exists():
+        return candidate
+    shipped = sorted(p.stem for p in folder.glob("*.yaml"))
+    raise UsageError(
+        f"no {what} named {spec!r}{did_you_mean(spec, shipped)}; "
+        f"shipped: {', '.join(shipped)}, or give a path to a YAML file"
+    )
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
+    """`--set a.b=value` pairs -> {"a": {"b": value}} with values read as YAML."""
+    tree: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key or not all(_ENV_RE.fullmatch(p) for p in key.split(".")):
+            raise UsageError(
+                f"--set {one_line(pair)!r} must look like section.key=value, "
+                "e.g. train.steps=10 or cluster.partition=gpu"
+            )
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UsageError(f"--set {key!r} conflicts with another --set of {part!r}")
+        node[parts[-1]] = value
+    return tree
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_profile(spec: str, overrides: dict | None = None) -> ClusterProfile:
+    path = _resolve(spec, PROFILES_DIR, "cluster profile")
+    data = _merge(read_yaml(path, "cluster profile"), overrides or {})
+    return build(ClusterProfile, data, "cluster")
+
+
+def load_experiment(spec: str, overrides: dict | None = None) -> Experiment:
+    path = _resolve(spec, EXPERIMENTS_DIR, "experiment")
+    data = _merge(read_yaml(path, "experiment"), overrides or {})
+    data.setdefault("name", path.stem)
+    return build(Experiment, data, "")
+
+
+def split_overrides(pairs: list[str]) -> tuple[dict, dict]:
+    """Split `--set` pairs into (cluster overrides, experiment overrides).
+
+    `cluster.X=...` goes to the profile; `model.`, `data.`, `train.`, `matrix.`, `name` and
+    `description` go to the experiment; anything else names the valid sections.
+    """
+    tree = parse_overrides(pairs)
+    cluster = tree.pop("cluster", {})
+    experiment_keys = [f.name for f in dataclasses.fields(Experiment)]
+    for key in tree:
+        if key not in experiment_keys:
+            valid = ["cluster", *experiment_keys]
+            raise UsageError(
+                f"--set {key}...: unknown section {key!r}{did_you_mean(key, valid)}; "
+                f"valid: {', '.join(valid)}"
+            )
+    if not isinstance(cluster, dict):
+        raise UsageError("--set cluster=...: set one field, e.g. cluster.partition=gpu")
+    return cluster, tree
+
+
+def as_dict(obj: Any) -> dict:
+    """A plain dict (for JSON records and checkpoints)."""
+    return dataclasses.asdict(obj)
