@@ -32,6 +32,9 @@ class ClusterProfile:
     """How one Slurm cluster wants jobs asked for and started."""
 
     name: str = "cluster"
+    local_cluster: bool = False
+    """True for the cluster that `hpcdp cluster up` runs on this machine: hpcdp then points
+    Slurm's commands at its slurm.conf and says so when it is not running."""
     partition: str | None = None
     account: str | None = None
     qos: str | None = None

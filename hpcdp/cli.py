@@ -1,0 +1,295 @@
+"""The `hpcdp` command. Thin: parses arguments and calls the modules that do the work.
+
+Start-up must stay fast: nothing here imports torch or transformers (a test checks it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from hpcdp import __version__, config, strategies
+from hpcdp.errors import UsageError, one_line
+
+DEFAULT_CLUSTER = "local"
+DEFAULT_EXPERIMENT = "smoke"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but bad arguments give one line and exit 2 like every other usage error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _add_selection(parser: argparse.ArgumentParser, strategy_required: bool = False) -> None:
+    parser.add_argument("--cluster", "-c", default=os.environ.get("HPCDP_CLUSTER", DEFAULT_CLUSTER),
+                        help="cluster profile: a shipped name (local, generic-gpu) or a YAML path "
+                             "(default: $HPCDP_CLUSTER or local)")
+    parser.add_argument("--experiment", "-e", default=DEFAULT_EXPERIMENT,
+                        help="experiment: a shipped name (smoke, paper) or a YAML path")
+    parser.add_argument("--strategy", "-s", required=strategy_required,
+                        help=f"one of {', '.join(strategies.NAMES)} (or dp, ddp, ddp-apex); "
+                             "without it: the experiment's whole matrix")
+    parser.add_argument("--nodes", "-N", type=int,
+                        help="node count (with --strategy; default 1)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE",
+                        help="override any field, e.g. train.steps=10 or cluster.partition=gpu")
+    parser.add_argument("--out", help="output root for runs (default: the profile's output_dir)")
+
+
+def _load(args) -> tuple[config.ClusterProfile, config.Experiment]:
+    cluster_over, experiment_over = config.split_overrides(args.overrides)
+    profile = config.load_profile(args.cluster, cluster_over)
+    experiment = config.load_experiment(args.experiment, experiment_over)
+    return profile, experiment
+
+
+def _render_selection(args, profile, experiment, scripts_dir: Path | None = None):
+    """Render the cells asked for; all validated before the caller writes anything."""
+    from hpcdp import render
+
+    if args.strategy:
+        cells = [(strategies.get(args.strategy), 1 if args.nodes is None else args.nodes)]
+    else:
+        if args.nodes is not None:
+            raise UsageError("--nodes needs --strategy; without --strategy the experiment's "
+                             "matrix (matrix.nodes) decides the node counts")
+        cells = experiment.matrix.cells()
+    experiment_file = render.resolved_experiment_path(profile, experiment, args.out)
+    jobs = []
+    for strategy, nodes in cells:
+        script_path = None
+        if scripts_dir is not None:
+            script_path = (scripts_dir / f"{render.job_name(experiment.name, strategy, nodes)}"
+                           ".sbatch").absolute()
+        jobs.append(render.render_job(profile, experiment, strategy, nodes,
+                                      experiment_file=experiment_file, output_dir=args.out,
+                                      script_path=script_path))
+    return jobs
+
+
+# ---------------------------------------------------------------------------------- commands
+
+def cmd_render(args) -> int:
+    from hpcdp import render
+
+    profile, experiment = _load(args)
+    scripts_dir = Path(args.scripts_dir) if args.scripts_dir else None
+    jobs = _render_selection(args, profile, experiment, scripts_dir)
+    if args.stdout:
+        for job in jobs:
+            sys.stdout.write(job.text)
+        return 0
+    render.write_jobs(jobs, experiment)
+    for job in jobs:
+        print(job.script_path)
+    return 0
+
+
+def _local_cluster_env(profile: config.ClusterProfile) -> None:
+    """Point Slurm's commands at the local cluster's slurm.conf; say so when it is down."""
+    if not profile.local_cluster:
+        return
+    from hpcdp import cluster
+
+    if not cluster.is_up():
+        raise UsageError(f"cluster profile {profile.name!r} is the local cluster, which is not "
+                         "running; start it with: hpcdp cluster up")
+    os.environ.update(cluster.slurm_env())
+
+
+def _check_horovod(jobs, profile: config.ClusterProfile) -> None:
+    """Horovod strategies need Horovod where the job runs; checkable when that is this Python."""
+    if profile.python or not any(job.strategy.mechanism == "horovod" for job in jobs):
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("horovod") is None:
+        raise UsageError("strategy horovod needs Horovod, which is not installed in "
+                         f"{sys.executable}: run scripts/install-horovod.sh")
+
+
+def cmd_submit(args) -> int:
+    from hpcdp import render, submit
+
+    profile, experiment = _load(args)
+    jobs = _render_selection(args, profile, experiment)
+    if args.dry_run:
+        for job in jobs:
+            print(f"# would submit: sbatch {job.script_path}  (nothing written, nothing submitted)")
+            sys.stdout.write(job.text)
+        return 0
+    _check_horovod(jobs, profile)
+    _local_cluster_env(profile)
+    render.write_jobs(jobs, experiment)
+    records = []
+    for job in jobs:
+        record = submit.submit_job(job, profile.name, experiment.name)
+        records.append(record)
+        print(f"submitted job {record['job_id']}: {job.strategy.name} on {job.nodes} node(s)")
+        print(f"  script: {record['script']}")
+        print(f"  log:    {record['log']}")
+        print(f"  run:    {record['run_dir']}")
+    if not args.wait:
+        return 0
+    states = submit.follow([r["job_id"] for r in records], timeout_s=args.timeout)
+    for record in records:
+        state = states[record["job_id"]]
+        if state != "COMPLETED":
+            print(f"hpcdp: job {record['job_id']} ({record['strategy']}) ended {state}; "
+                  f"see {record['log']}", file=sys.stderr)
+    return 0 if all(s == "COMPLETED" for s in states.values()) else 1
+
+
+def cmd_status(args) -> int:
+    from hpcdp import slurm, submit
+
+    records = submit.read_records()
+    if args.cluster_filter:
+        records = [r for r in records if r.get("cluster") == args.cluster_filter]
+    records = records[-args.last:]
+    if not records:
+        print(f"no jobs submitted by hpcdp yet (records: {submit.state_file()})")
+        return 0
+    profile_env_done = set()
+    for record in records:
+        name = record.get("cluster")
+        if name and name not in profile_env_done:
+            profile_env_done.add(name)
+            try:
+                profile = config.load_profile(name)
+            except UsageError:
+                continue
+            if profile.local_cluster:
+                from hpcdp import cluster
+                os.environ.update(cluster.slurm_env())
+    infos = slurm.query_jobs([r["job_id"] for r in records])  # one call for all jobs
+    rows = []
+    for record in records:
+        info = infos.get(record["job_id"])
+        rows.append({**record, "state": info.state if info else "UNKNOWN",
+                     "exit_code": info.exit_code if info else None,
+                     "elapsed_s": info.elapsed_s if info else None})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = f"{'JOB':>10}  {'STATE':<12} {'STRATEGY':<20} {'NODES':>5}  {'ELAPSED':>8}  RUN"
+    print(header)
+    for row in rows:
+        elapsed = "" if row["elapsed_s"] is None else f"{row['elapsed_s']:.0f}s"
+        print(f"{row['job_id']:>10}  {row['state']:<12} {row['strategy']:<20} {row['nodes']:>5}  "
+              f"{elapsed:>8}  {row['run_dir']}")
+    return 0
+
+
+def cmd_env(args) -> int:
+    from hpcdp import distenv
+
+    env = distenv.detect()
+    if args.json:
+        print(json.dumps({**env.as_dict(), "horovod": env.horovod_view(),
+                          "torch_env": env.torch_env()}, indent=2))
+    else:
+        print(env.describe())
+    return 0
+
+
+def cmd_cluster(args) -> int:
+    from hpcdp import cluster
+
+    if args.action == "up":
+        return cluster.up()
+    if args.action == "down":
+        return cluster.down(purge=args.purge)
+    if args.action == "env":
+        for key, value in cluster.slurm_env().items():
+            print(f"export {key}={value}")
+        return 0
+    return cluster.status()
+
+
+def cmd_strategies(args) -> int:
+    print(f"{'NAME':<21} {'MECHANISM':<14} {'PROCESSES':<15} {'PRECISION':<10} {'NODES':<6} PAPER")
+    for s in strategies.STRATEGIES:
+        print(f"{s.name:<21} {s.mechanism:<14} {s.launch:<15} "
+              f"{'mixed' if s.mixed_precision else 'fp32':<10} "
+              f"{'1' if s.max_nodes == 1 else 'any':<6} {s.paper_name}")
+    return 0
+
+
+def cmd_harvest(args) -> int:
+    from hpcdp import harvest
+
+    return harvest.main(args)
+
+
+# ------------------------------------------------------------------------------------ parser
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hpcdp", description="Data-parallel GPT-2 pre-training on Slurm.")
+    parser.add_argument("--version", action="version", version=f"hpcdp {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("render", help="write sbatch scripts (one, or the experiment's matrix)")
+    _add_selection(p)
+    p.add_argument("--scripts-dir", help="write scripts here (named EXPERIMENT-STRATEGY-Nn.sbatch) "
+                                         "instead of into each run directory")
+    p.add_argument("--stdout", action="store_true", help="print the scripts, write nothing")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("submit", help="render and submit through submitit; --wait to follow")
+    _add_selection(p)
+    p.add_argument("--dry-run", action="store_true", help="print what would be submitted; "
+                                                          "write and submit nothing")
+    p.add_argument("--wait", action="store_true", help="follow the jobs until they end; "
+                                                       "exit 1 unless all COMPLETED")
+    p.add_argument("--timeout", type=float, default=None, help="stop --wait after N seconds")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("status", help="states of the jobs hpcdp submitted (one Slurm query)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--last", type=int, default=20, help="show the last N jobs (default 20)")
+    p.add_argument("--cluster", dest="cluster_filter", help="only jobs of this profile")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("env", help="the distributed environment train/ derives in this shell")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_env)
+
+    p = sub.add_parser("cluster", help="the local Slurm cluster on this machine")
+    p.add_argument("action", choices=["up", "down", "status", "env"])
+    p.add_argument("--purge", action="store_true", help="with down: delete its data too")
+    p.set_defaults(func=cmd_cluster)
+
+    p = sub.add_parser("strategies", help="list the six strategies")
+    p.set_defaults(func=cmd_strategies)
+
+    p = sub.add_parser("harvest", help="tables and plots from finished runs")
+    try:
+        from hpcdp import harvest
+        harvest.add_arguments(p)
+    except ImportError:  # harvest not built in this tree yet
+        pass
+    p.set_defaults(func=cmd_harvest)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except UsageError as exc:
+        print(f"hpcdp: error: {one_line(str(exc))}", file=sys.stderr)
+        return UsageError.exit_code
+    except KeyboardInterrupt:
+        print("hpcdp: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
