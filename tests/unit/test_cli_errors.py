@@ -1,0 +1,75 @@
+"""Bad input: exit code 2, one line naming the bad value and the valid choices, no traceback,
+nothing written. Runs the real `hpcdp` entry point in a subprocess."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BAD_INPUTS = [
+    (["render", "--strategy", "nope"], ["'nope'", "distributed-ps", "horovod-apex"]),
+    (["render", "--strategy", "ddp", "--nodes", "0"], ["--nodes 0", "1 or more"]),
+    (["render", "--strategy", "single-gpu", "--nodes", "2"], ["'single-gpu'", "2", "distributed-ps"]),
+    (["render", "--strategy", "single-ps", "--nodes", "4"], ["'single-ps'", "4"]),
+    (["render", "--set", "cluster.gpus_per_nod=4"], ["'gpus_per_nod'", "gpus_per_node"]),
+    (["render", "--set", "train.step=3"], ["'step'", "steps"]),
+    (["render", "--set", "trian.steps=3"], ["'trian'", "train"]),
+    (["render", "--set", "train.steps=many"], ["train.steps", "'many'", "int"]),
+    (["render", "--set", "train.amp_dtype=fp8"], ["'fp8'", "fp16", "bf16"]),
+    (["render", "--set", "cluster.time_limit=forever"], ["'forever'", "HH:MM:SS"]),
+    (["render", "--set", "matrix.strategies=[ddp,zero3]"], ["'zero3'", "distributed-ps"]),
+    (["render", "--set", "cluster.partition=gpu;reboot"], ["'gpu;reboot'", "cluster.partition"]),
+    (["render", "--experiment", "/does/not/exist.yaml"], ["'/does/not/exist.yaml'", "does not exist"]),
+    (["render", "--cluster", "nosuchprofile"], ["'nosuchprofile'", "local", "generic-gpu"]),
+    (["render", "--set", "nonsense"], ["'nonsense'", "section.key=value"]),
+    (["render", "--nodes", "x"], ["--nodes", "'x'"]),
+    (["submit", "--strategy", "horovod", "--nodes", "-1"], ["--nodes -1"]),
+    (["frobnicate"], ["frobnicate", "render"]),
+]
+
+
+def run_hpcdp(args, cwd):
+    return subprocess.run([sys.executable, "-m", "hpcdp", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("args,expected", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, expected):
+    result = run_hpcdp([*args, "--out", str(tmp_path / "runs")] if args[0] in ("render", "submit")
+                       else args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in expected:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert list(tmp_path.iterdir()) == [], "nothing may be written on bad input"
+
+
+@pytest.mark.parametrize("content,expected", [
+    ("- just\n- a list\n", "must hold a YAML mapping"),
+    ("name: [unclosed\n", "not valid YAML"),
+    ("model:\n  preset: gpt5\n", "'gpt5'"),
+    ("train:\n  stepz: 3\n", "'stepz'"),
+    ("train: 7\n", "train must be a mapping"),
+])
+def test_bad_experiment_files(tmp_path, content, expected):
+    path = tmp_path / "exp.yaml"
+    path.write_text(content)
+    result = run_hpcdp(["render", "--experiment", str(path), "--out", str(tmp_path / "runs")],
+                       cwd=tmp_path)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert expected in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_matrix_with_one_bad_cell_writes_nothing(tmp_path):
+    # single-gpu on 2 nodes is skipped by the matrix, but a bad profile value fails every cell:
+    # validation must finish before the first file is written.
+    result = run_hpcdp(["render", "--set", "cluster.extra_sbatch=[--ok, bad]",
+                        "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "'bad'" in result.stderr
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,137 @@
+"""Rendering: golden scripts per strategy, shell syntax, quoting, and that the CLI stays light."""
+
+import difflib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcdp import config, render, strategies
+
+GOLDEN = Path(__file__).parent.parent / "golden"
+REGENERATE = "HPCDP_REGENERATE_GOLDEN=1 python -m pytest tests/unit/test_render.py"
+
+
+def _render(strategy: str, nodes: int, cluster: str, tmp_path: Path, **over) -> str:
+    overrides = {"python": "/opt/venv/bin/python", **over}
+    profile = config.load_profile(cluster, overrides)
+    experiment = config.load_experiment("smoke")
+    old = os.getcwd()
+    os.chdir(tmp_path)  # the scripts cd into the directory they were rendered from
+    try:
+        job = render.render_job(profile, experiment, strategies.get(strategy), nodes,
+                                experiment_file=Path("/runs/smoke/experiment.yaml"),
+                                output_dir="/runs")
+    finally:
+        os.chdir(old)
+    return job.text.replace(str(tmp_path), "/WORKDIR")
+
+
+CASES = [(s.name, 1 if s.max_nodes == 1 else 2, "generic-gpu") for s in strategies.STRATEGIES]
+CASES += [("horovod", 2, "local")]
+
+
+def test_golden_names_match_the_registry():
+    golden = {p.stem.split("@")[0] for p in GOLDEN.glob("*.sbatch")}
+    assert golden == set(strategies.NAMES)
+
+
+@pytest.mark.parametrize("strategy,nodes,cluster", CASES)
+def test_golden_script(strategy, nodes, cluster, tmp_path):
+    text = _render(strategy, nodes, cluster, tmp_path)
+    path = GOLDEN / f"{strategy}@{cluster}.sbatch"
+    if os.environ.get("HPCDP_REGENERATE_GOLDEN"):
+        path.write_text(text)
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
+                                            str(path), "rendered"))
+        pytest.fail(f"rendered script differs from {path}:\n{diff}\nIf the change is intended, "
+                    f"regenerate with: {REGENERATE}")
+
+
+@pytest.mark.parametrize("strategy,nodes,cluster", CASES)
+def test_scripts_pass_bash_syntax_check(strategy, nodes, cluster, tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text(_render(strategy, nodes, cluster, tmp_path))
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_directives_follow_the_profile(tmp_path):
+    text = _render("distributed-ps", 2, "generic-gpu", tmp_path, gpu_request="gpus-per-node",
+                   gpu_type="v100", account="proj42", qos="high")
+    lines = [l for l in text.splitlines() if l.startswith("#SBATCH")]
+    assert "#SBATCH --nodes=2" in lines
+    assert "#SBATCH --ntasks-per-node=4" in lines  # one rank per GPU
+    assert "#SBATCH --gpus-per-node=v100:4" in lines
+    assert "#SBATCH --account=proj42" in lines and "#SBATCH --qos=high" in lines
+    single = _render("single-gpu", 1, "generic-gpu", tmp_path)
+    assert "#SBATCH --gres=gpu:1" in single and "#SBATCH --ntasks-per-node=1" in single
+    dp = _render("single-ps", 1, "generic-gpu", tmp_path)
+    assert "#SBATCH --gres=gpu:4" in dp and "#SBATCH --ntasks-per-node=1" in dp
+
+
+def test_cpu_profile_uses_cpu_ranks_per_node(tmp_path):
+    text = _render("distributed-ps", 2, "local", tmp_path, cpu_ranks_per_node=2)
+    assert "#SBATCH --ntasks-per-node=2" in text
+    assert "--expect-world 4 --expect-tasks-per-node 2" in text
+    assert "--gres" not in text and "--gpus-per-node" not in text
+
+
+def test_every_value_in_the_body_is_quoted(tmp_path):
+    payload = "x'; touch /tmp/PWNED-hpcdp; echo '$(id)`id`"
+    text = _render("distributed-ps", 1, "local", tmp_path, env={"MY_VAR": payload},
+                   modules=[payload], python=payload)
+    import shlex
+    assert f"export MY_VAR={shlex.quote(payload)}" in text
+    assert f"module load {shlex.quote(payload)}" in text
+    assert f"PYTHON={shlex.quote(payload)}" in text
+
+
+def test_newline_in_output_dir_is_refused(tmp_path):
+    from hpcdp.errors import UsageError
+    profile = config.load_profile("local")
+    experiment = config.load_experiment("smoke")
+    with pytest.raises(UsageError, match="newline"):
+        render.render_job(profile, experiment, strategies.get("ddp"), 1,
+                          experiment_file=Path("/e.yaml"), output_dir="/tmp/a\nb")
+
+
+@pytest.mark.parametrize("name", ["paper", "smoke"])
+@pytest.mark.parametrize("cluster", ["local", "generic-gpu"])
+def test_every_shipped_experiment_renders_its_matrix(name, cluster, tmp_path):
+    profile = config.load_profile(cluster)
+    experiment = config.load_experiment(name)
+    cells = experiment.matrix.cells()
+    assert cells
+    for strategy, nodes in cells:
+        job = render.render_job(profile, experiment, strategy, nodes,
+                                experiment_file=tmp_path / "e.yaml", output_dir=str(tmp_path))
+        assert f"#SBATCH --nodes={nodes}" in job.text
+
+
+def test_paper_matrix_has_the_papers_cells():
+    experiment = config.load_experiment("paper")
+    cells = {(s.name, n) for s, n in experiment.matrix.cells()}
+    assert ("single-gpu", 1) in cells and ("single-gpu", 2) not in cells
+    assert {("horovod-apex", n) for n in (1, 2, 4)} <= cells
+    assert len(cells) == 2 + 4 * 3
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["render", "--stdout", "-s", "ddp", "-N", "2"],
+                                  ["submit", "--dry-run", "-s", "horovod-apex", "-N", "2"],
+                                  ["strategies"]])
+def test_cli_never_imports_torch_or_transformers(argv, tmp_path):
+    code = (
+        "import sys, runpy\n"
+        f"sys.argv = ['hpcdp', *{argv!r}]\n"
+        "try:\n    runpy.run_module('hpcdp', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'numpy', 'horovod') if m in sys.modules)\n"
+        "print('HEAVY=' + ','.join(heavy), file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert "HEAVY=\n" in result.stderr, result.stderr[-2000:]
