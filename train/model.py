@@ -1,0 +1,81 @@
+"""GPT-2 from transformers, randomly initialised, plus the loss wrapper every strategy trains.
+
+`build_model` returns a plain `GPT2LMHeadModel` (checkpoints hold its state dict, so a trained
+model can be loaded back into transformers). The loop trains `LanguageModel(model)`, whose forward
+returns the loss: under DataParallel each replica computes its own loss and only scalars are
+gathered, instead of full logits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from hpcdp.errors import UsageError
+
+# preset -> (layers, width, heads, context). tiny's context grows with seq_len (up to 1024).
+PRESETS: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (2, 128, 4, 128),
+    "gpt2-100m": (12, 768, 12, 512),  # the paper's: context 512
+    "gpt2-124m": (12, 768, 12, 1024),  # the standard GPT-2 small
+}
+
+
+def build_model(
+    preset: str, vocab_size: int, seq_len: int, dropout: float = 0.0, attention: str = "sdpa"
+) -> GPT2LMHeadModel:
+    """A randomly initialised GPT-2 (seed torch before calling for identical weights)."""
+    if preset not in PRESETS:
+        raise UsageError(f"model.preset {preset!r} is unknown; valid: {', '.join(PRESETS)}")
+    n_layer, n_embd, n_head, n_positions = PRESETS[preset]
+    if preset == "tiny":
+        n_positions = max(n_positions, seq_len)
+    if seq_len > n_positions:
+        raise UsageError(
+            f"train.seq_len {seq_len} exceeds the context {n_positions} of model.preset {preset!r}"
+        )
+    config = GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=n_positions,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        # GPT-2's end-of-text id is its last token; keep that true for small vocabularies.
+        bos_token_id=vocab_size - 1,
+        eos_token_id=vocab_size - 1,
+    )
+    config._attn_implementation = attention
+    return GPT2LMHeadModel(config)
+
+
+def count_params(model: nn.Module, *, with_position_embeddings: bool = True) -> int:
+    """Parameters counted once (GPT-2 ties the input embedding and the output head)."""
+    n = sum(p.numel() for p in model.parameters())
+    if not with_position_embeddings:
+        n -= model.transformer.wpe.weight.numel()
+    return n
+
+
+def flops_per_token(model: GPT2LMHeadModel, seq_len: int) -> int:
+    """Training FLOPs per token: 6N + 12*L*d*T (Kaplan et al.; N without position embeddings)."""
+    cfg = model.config
+    n = count_params(model, with_position_embeddings=False)
+    return 6 * n + 12 * cfg.n_layer * cfg.n_embd * seq_len
+
+
+class LanguageModel(nn.Module):
+    """forward(x, y) -> mean next-token cross-entropy (y is x shifted by one, done by the data)."""
+
+    def __init__(self, model: GPT2LMHeadModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=x).logits
+        # cross_entropy runs in fp32 under autocast (it is on autocast's fp32 list).
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))

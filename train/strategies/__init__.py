@@ -1,0 +1,101 @@
+"""One small class per mechanism; the only place that maps a mechanism to its class.
+
+A strategy owns the processes and devices: it sets up communication (`setup`), wraps the model
+and optimizer (`wrap`), silences gradient sync on accumulation micro-steps (`no_sync`), averages
+logged numbers over ranks (`mean`), and orders Horovod's synchronize around the GradScaler
+(`prepare_unscale`, `optimizer_step_context`). The loop only calls these; it never asks which
+strategy it runs. A new mechanism is one file here plus one line in `_CLASSES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hpcdp import strategies as registry
+
+if TYPE_CHECKING:
+    from hpcdp.distenv import DistEnv
+
+
+class Strategy:
+    """Defaults: one process, no communication. Subclasses override what they change."""
+
+    device: torch.device = torch.device("cpu")
+    rank: int = 0
+    world_size: int = 1
+    devices_per_process: int = 1
+    """Devices one process drives (DataParallel: every visible GPU)."""
+    log: Any = print
+
+    def __init__(self, log: Any = print) -> None:
+        self.log = log
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def setup(self, env: DistEnv, timeout_s: int) -> None:
+        raise NotImplementedError
+
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             accum_steps: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        return model, optimizer
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Context for micro-steps whose gradients must not be communicated yet."""
+        return contextlib.nullcontext()
+
+    def mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Average over ranks (for logged metrics; every rank must call it)."""
+        return tensor
+
+    def prepare_unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called after the last backward of a step, before unscaling and clipping."""
+
+    def optimizer_step_context(self, optimizer: torch.optim.Optimizer
+                               ) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        return obj
+
+    def barrier(self) -> None:
+        pass
+
+    def teardown(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        """One line for the log: what runs where."""
+        return f"rank {self.rank}/{self.world_size} on {self.device}"
+
+
+def _classes() -> dict[str, type[Strategy]]:
+    from train.strategies.data_parallel import DataParallelStrategy
+    from train.strategies.ddp import DDPStrategy
+    from train.strategies.horovod import HorovodStrategy
+    from train.strategies.single import SingleStrategy
+
+    return {
+        "single": SingleStrategy,
+        "data_parallel": DataParallelStrategy,
+        "ddp": DDPStrategy,
+        "horovod": HorovodStrategy,
+    }
+
+
+def create(name: str, log: Any = print) -> Strategy:
+    """The strategy object for a registry name or alias (raises UsageError when unknown)."""
+    return _classes()[registry.get(name).mechanism](log=log)
+
+
+def local_device(index: int) -> torch.device:
+    """cuda:index when GPUs are visible, else the CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
