@@ -1,0 +1,544 @@
+#!/usr/bin/env bash
+# A real Slurm cluster on this one machine: munge, MariaDB, slurmdbd, slurmctld and four slurmd
+# "nodes" (node1..node4 on 127.0.100.1-4), each slurmd in its own UTS + mount namespace so that
+# `hostname` inside a job prints the node name and node1..node4 resolve.
+#
+#   local-slurm.sh up              start what is not running; a no-op when all is healthy
+#   local-slurm.sh down [--purge]  stop every daemon; --purge also deletes the cluster directory
+#   local-slurm.sh status          which daemons run, and sinfo; exit 0 only when all run
+#   local-slurm.sh env             `export SLURM_CONF=...`, for eval "$(local-slurm.sh env)"
+#
+# Everything lives in ${HPCDP_CLUSTER_DIR:-/tmp/hpcdp-slurm}. Exit 3: cannot start here (not
+# root, a command missing); the one line printed says what to do.
+set -euo pipefail
+
+DIR=${HPCDP_CLUSTER_DIR:-/tmp/hpcdp-slurm}
+CLUSTER=hpcdp
+NODES=(node1 node2 node3 node4)
+CPUS_PER_NODE=4
+# Not Slurm's default ports (6817-6819), so a system Slurm on the same machine does not clash.
+# slurmctld: PORT_BASE, slurmdbd: PORT_BASE + 1, node I: PORT_BASE + 1 + I.
+PORT_BASE=${HPCDP_SLURM_PORT_BASE:-41817}
+[[ $PORT_BASE =~ ^[0-9]+$ ]] && ((PORT_BASE >= 1024 && PORT_BASE <= 65000)) || {
+    echo "local-slurm: HPCDP_SLURM_PORT_BASE '$PORT_BASE' must be a number from 1024 to 65000" >&2
+    exit 2
+}
+CTLD_PORT=$PORT_BASE
+DBD_PORT=$((PORT_BASE + 1))
+NODE_PORT_BASE=$((PORT_BASE + 1)) # node I listens on NODE_PORT_BASE + I
+INSTALL_HINT="apt-get install slurm-wlm slurmdbd munge mariadb-server"
+
+ETC=$DIR/etc
+RUN=$DIR/run
+LOG=$DIR/log
+CONF=$ETC/slurm.conf
+DBD_CONF=$ETC/slurmdbd.conf
+DB_CNF=$ETC/my.cnf
+DB_PASS_FILE=$ETC/db.pass
+DB_DATA=$DIR/db
+DB_SOCKET=$RUN/mysqld.sock
+MUNGE_DIR=$DIR/munge
+MUNGE_SOCKET=$MUNGE_DIR/munge.socket
+STATE=$DIR/state
+MARKER=$DIR/.hpcdp-local-slurm # only a directory holding this is ever deleted by --purge
+
+export SLURM_CONF=$CONF
+
+log() { printf 'local-slurm: %s\n' "$*"; }
+fail() { printf 'local-slurm: %s\n' "$*" >&2; exit 1; }
+cannot_start() { printf 'local-slurm: cannot start the local Slurm cluster: %s\n' "$*" >&2; exit 3; }
+
+usage() {
+    echo "usage: $0 {up|down [--purge]|status|env}" >&2
+    exit 2
+}
+
+# --- processes ------------------------------------------------------------------------------
+
+# pid_of NAME PIDFILE: print the pid when PIDFILE names a live process called NAME.
+# The name check keeps a stale pid file from pointing at some unrelated, reused pid.
+pid_of() {
+    local name=$1 pidfile=$2 pid comm
+    [[ -r $pidfile ]] || return 1
+    read -r pid <"$pidfile" 2>/dev/null || return 1
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
+    [[ $comm == "$name" ]] || return 1
+    echo "$pid"
+}
+
+alive() { pid_of "$@" >/dev/null; }
+
+munged_pidfile() { echo "$RUN/munged.pid"; }
+db_pidfile() { echo "$RUN/mysqld.pid"; }
+dbd_pidfile() { echo "$RUN/slurmdbd.pid"; }
+ctld_pidfile() { echo "$RUN/slurmctld.pid"; }
+node_pidfile() { echo "$RUN/slurmd-$1.pid"; }
+
+# launch NAME CMD...: run CMD with stdin from /dev/null, output to $LOG/NAME.out, and no
+# inherited descriptors above 2. Daemons inherit open descriptors: one holding our flock would
+# make the next `up` wait forever, one holding a caller's pipe would keep it from seeing EOF.
+launch() {
+    local name=$1
+    shift
+    (
+        for fd in /proc/self/fd/*; do
+            fd=${fd##*/}
+            if [[ $fd -gt 2 ]]; then { eval "exec $fd>&-"; } 2>/dev/null || true; fi
+        done
+        exec "$@" </dev/null >>"$LOG/$name.out" 2>&1
+    )
+}
+
+# listening PORT: something listens on TCP PORT (read from /proc, so nobody gets a stray connection).
+listening() {
+    local hex
+    hex=$(printf '%04X' "$1")
+    awk -v port=":$hex" '$2 ~ port"$" && $4 == "0A" {found = 1} END {exit !found}' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# port_free PORT NAME: fail when something else already listens on PORT (only called while
+# our own daemon for that port is not running).
+port_free() {
+    if listening "$1"; then
+        fail "port $1 (for $2) is taken by another program; pick other ports with HPCDP_SLURM_PORT_BASE=<n> (uses n..n+$((1 + ${#NODES[@]})))"
+    fi
+}
+
+# wait_until SECONDS WHAT CMD...: poll CMD every 0.1 s; fail naming WHAT after SECONDS.
+wait_until() {
+    local seconds=$1 what=$2
+    shift 2
+    local deadline=$((SECONDS + seconds))
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then
+            fail "timed out after ${seconds}s waiting for $what (logs: $LOG)"
+        fi
+        sleep 0.1
+    done
+}
+
+# stop NAME:PIDFILE...: SIGTERM every live one at once (each takes 1-2 s to exit), wait up to
+# 20 s for all, then SIGKILL what is left.
+stop() {
+    local pids=() names=() pid spec
+    for spec in "$@"; do
+        pid=$(pid_of "${spec%%:*}" "${spec#*:}") && pids+=("$pid") && names+=("${spec%%:*}")
+    done
+    ((${#pids[@]})) || return 0
+    log "stopping $(printf '%s\n' "${names[@]}" | uniq | tr '\n' ' ')(pid ${pids[*]})"
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    local deadline=$((SECONDS + 20))
+    for pid in "${pids[@]}"; do
+        while [[ -e /proc/$pid ]] && ((SECONDS < deadline)); do sleep 0.1; done
+        if [[ -e /proc/$pid ]]; then
+            log "pid $pid ignored SIGTERM for 20s; killing it"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    done
+    for spec in "$@"; do rm -f "${spec#*:}"; done
+}
+
+# --- preconditions ---------------------------------------------------------------------------
+
+check_can_start() {
+    ((EUID == 0)) || cannot_start "it needs root (daemons run as root, slurmd needs namespaces); run as root"
+    local missing=() cmd
+    for cmd in munged slurmctld slurmd slurmdbd mariadbd mariadb-install-db mariadb mariadb-admin \
+        unshare flock sinfo sacct sacctmgr scontrol squeue scancel; do
+        command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
+    done
+    ((${#missing[@]} == 0)) || cannot_start "missing ${missing[*]}; install with: $INSTALL_HINT"
+    # Unix socket paths (munge, MariaDB, srun's PMIx) must stay under 108 bytes.
+    ((${#DIR} <= 40)) || cannot_start "HPCDP_CLUSTER_DIR '$DIR' is ${#DIR} characters; keep it under 40 (unix socket paths)"
+    unshare --uts --mount true 2>/dev/null ||
+        cannot_start "'unshare --uts --mount' is not permitted here (a container without CAP_SYS_ADMIN?)"
+}
+
+# --- configuration ---------------------------------------------------------------------------
+
+# A fresh StateSaveLocation would restart job ids at 1, and a folder named by %j from an earlier
+# run would hand back a stale result. So a fresh start takes its first id from the clock (seconds,
+# folded below Slurm's MaxJobId of 67043328, repeating only every ~2 years); a start that keeps
+# its state keeps its id (slurmctld continues from the saved counter).
+first_job_id() {
+    local kept
+    if [[ -e $STATE/job_state && -r $CONF ]] &&
+        kept=$(sed -n 's/^FirstJobId=\([0-9][0-9]*\)$/\1/p' "$CONF") && [[ -n $kept ]]; then
+        echo "$kept"
+    else
+        echo $((1000 + $(date +%s) % 64000000))
+    fi
+}
+
+write_configs() {
+    local real_mem_mb first_id i
+    # The four nodes share this machine: each advertises a quarter of its memory, so a --mem
+    # that fits a node fits the machine.
+    real_mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024 / 4)}' /proc/meminfo)
+    first_id=$(first_job_id)
+    [[ -s $DB_PASS_FILE ]] || (umask 077 && od -An -N12 -tx1 /dev/urandom | tr -d ' \n' >"$DB_PASS_FILE")
+
+    cat >"$CONF.new" <<EOF
+# Written by scripts/local-slurm.sh (hpcdp); rewritten on every 'up'.
+ClusterName=$CLUSTER
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# A short credential lifetime lets a requeued job start again in ~12 s instead of ~150 s.
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
+StateSaveLocation=$STATE
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmctldLogFile=$LOG/slurmctld.log
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmdLogFile=$LOG/slurmd-%n.log
+# Per node, or srun --mpi=pmix on two nodes collides on one spmix_appdir.
+TmpFS=$DIR/tmp/%n
+FirstJobId=$first_id
+# No cgroups here.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=task=1
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# Nodes advertise the CPUs written below, not what slurmd detects (2 real cores, 4 nodes).
+SlurmdParameters=config_overrides
+SchedulerParameters=sched_interval=5,bf_interval=5
+MpiDefault=none
+ReturnToService=2
+KillWait=2
+SlurmctldDebug=info
+SlurmdDebug=info
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+# Without this, sacctmgr looks for munge at the system socket and fails.
+AccountingStoragePass=$MUNGE_SOCKET
+JobCompType=jobcomp/none
+EOF
+    for i in "${!NODES[@]}"; do
+        printf 'NodeName=%s NodeAddr=127.0.100.%d Port=%d CPUs=%d Sockets=1 CoresPerSocket=%d ThreadsPerCore=1 RealMemory=%d State=UNKNOWN\n' \
+            "${NODES[i]}" $((i + 1)) $((NODE_PORT_BASE + i + 1)) "$CPUS_PER_NODE" "$CPUS_PER_NODE" \
+            "$real_mem_mb" >>"$CONF.new"
+    done
+    echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP" >>"$CONF.new"
+    mv -f "$CONF.new" "$CONF"
+
+    # slurmdbd has no -f: it reads slurmdbd.conf beside $SLURM_CONF, mode 600, owned by SlurmUser.
+    (
+        umask 077
+        cat >"$DBD_CONF" <<EOF
+# Written by scripts/local-slurm.sh (hpcdp); rewritten on every 'up'.
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$RUN/slurmdbd.pid
+LogFile=$LOG/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+# With skip-networking MariaDB has only its socket; slurmdbd finds it through MYSQL_UNIX_PORT.
+StorageHost=localhost
+StorageUser=slurm
+StoragePass=$(cat "$DB_PASS_FILE")
+StorageLoc=slurm_acct_db
+EOF
+    )
+    chmod 600 "$DBD_CONF"
+
+    cat >"$DB_CNF" <<EOF
+# Written by scripts/local-slurm.sh (hpcdp): a private MariaDB for slurmdbd, no TCP.
+[mysqld]
+user=root
+datadir=$DB_DATA
+socket=$DB_SOCKET
+pid-file=$RUN/mysqld.pid
+log-error=$LOG/mysqld.log
+skip-networking
+# What slurmdbd recommends (silences its warning); small increments keep the data dir small.
+innodb_buffer_pool_size=512M
+innodb_log_file_size=32M
+innodb_lock_wait_timeout=900
+innodb_autoextend_increment=8
+
+[client]
+user=root
+socket=$DB_SOCKET
+EOF
+
+    for i in "${!NODES[@]}"; do
+        mkdir -p "$DIR/nodes/${NODES[i]}" "$DIR/spool/${NODES[i]}" "$DIR/tmp/${NODES[i]}"
+        # Mounted over /etc/hosts inside the node's namespace only.
+        {
+            echo "127.0.0.1 localhost"
+            echo "::1 localhost ip6-localhost ip6-loopback"
+            local j
+            for j in "${!NODES[@]}"; do echo "127.0.100.$((j + 1)) ${NODES[j]}"; done
+        } >"$DIR/nodes/${NODES[i]}/hosts"
+    done
+}
+
+# --- starting --------------------------------------------------------------------------------
+
+start_munged() {
+    alive munged "$(munged_pidfile)" && return 0
+    # munged refuses a socket directory others cannot enter, and a key others can read.
+    mkdir -p "$MUNGE_DIR"
+    chmod 755 "$MUNGE_DIR"
+    if [[ ! -s $MUNGE_DIR/munge.key ]]; then
+        (umask 077 && dd if=/dev/urandom of="$MUNGE_DIR/munge.key" bs=1 count=1024 status=none)
+    fi
+    chmod 400 "$MUNGE_DIR/munge.key"
+    rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock" # left by an unclean stop; ours, since munged is not running
+    launch munged munged --socket="$MUNGE_SOCKET" --key-file="$MUNGE_DIR/munge.key" \
+        --pid-file="$(munged_pidfile)" --log-file="$LOG/munged.log" --seed-file="$MUNGE_DIR/munge.seed" ||
+        fail "munged did not start: $(tail -n 3 "$LOG/munged.log" "$LOG/munged.out" 2>/dev/null)"
+    wait_until 10 munged test -S "$MUNGE_SOCKET"
+    log "munged running"
+}
+
+db_sql() { mariadb --defaults-file="$DB_CNF" -e "$1"; }
+
+start_mariadb() {
+    if ! alive mariadbd "$(db_pidfile)"; then
+        if [[ ! -d $DB_DATA/mysql ]]; then
+            log "creating the MariaDB data directory (first start)"
+            rm -rf "$DB_DATA"
+            mariadb-install-db --defaults-file="$DB_CNF" --user=root --skip-test-db \
+                --auth-root-authentication-method=socket >"$LOG/mariadb-install-db.out" 2>&1 ||
+                fail "mariadb-install-db failed: see $LOG/mariadb-install-db.out"
+        fi
+        # mariadbd stays in the foreground: setsid -f detaches it from our session.
+        launch mariadbd setsid -f mariadbd --defaults-file="$DB_CNF"
+        wait_until 30 "MariaDB to answer (log: $LOG/mysqld.log)" mariadb-admin --defaults-file="$DB_CNF" ping
+        log "mariadbd running"
+    fi
+    # Idempotent, so a kept data directory always matches slurmdbd.conf's password.
+    db_sql "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+        CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$(cat "$DB_PASS_FILE")';
+        ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$(cat "$DB_PASS_FILE")';
+        GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';" ||
+        fail "could not create the slurm database and user in MariaDB"
+}
+
+start_slurmdbd() {
+    alive slurmdbd "$(dbd_pidfile)" && return 0
+    port_free "$DBD_PORT" slurmdbd
+    local dbd_log=$LOG/slurmdbd.log offset
+    offset=$(stat -c %s "$dbd_log" 2>/dev/null || echo 0)
+    MYSQL_UNIX_PORT=$DB_SOCKET launch slurmdbd slurmdbd
+    # Its "started" line means it accepts connections; polling sacctmgr before that costs ~2 s
+    # per failed try.
+    wait_until 30 "slurmdbd's 'started' log line ($dbd_log)" \
+        bash -c 'tail -c +$(($2 + 1)) "$1" | grep -q "slurmdbd version .* started"' _ "$dbd_log" "$offset"
+    # It logs "started" just before binding its port, so a bind failure comes after that line.
+    wait_until 10 "slurmdbd to listen on port $DBD_PORT ($dbd_log)" listening "$DBD_PORT"
+    alive slurmdbd "$(dbd_pidfile)" || fail "slurmdbd exited: $(tail -n 3 "$dbd_log")"
+    log "slurmdbd running"
+}
+
+register_cluster() {
+    # Root needs no association of its own (AccountingStorageEnforce is off), but the cluster
+    # and an account exist so sacct/sacctmgr show something sensible and -A hpcdp works.
+    if ! sacctmgr -n -P show cluster format=cluster 2>/dev/null | grep -qx "$CLUSTER"; then
+        sacctmgr -i add cluster "$CLUSTER" >/dev/null || fail "sacctmgr could not add cluster $CLUSTER"
+        log "registered cluster $CLUSTER with slurmdbd"
+    fi
+    if ! sacctmgr -n -P show account format=account 2>/dev/null | grep -qx "$CLUSTER"; then
+        sacctmgr -i add account "$CLUSTER" cluster="$CLUSTER" description=local organization=hpcdp >/dev/null &&
+            sacctmgr -i add user root account="$CLUSTER" cluster="$CLUSTER" >/dev/null ||
+            fail "sacctmgr could not add account $CLUSTER"
+    fi
+}
+
+start_slurmctld() {
+    alive slurmctld "$(ctld_pidfile)" && return 0
+    port_free "$CTLD_PORT" slurmctld
+    launch slurmctld slurmctld -f "$CONF" || fail "slurmctld did not start: $(tail -n 5 "$LOG/slurmctld.log" 2>/dev/null)"
+    wait_until 30 "slurmctld to answer (log: $LOG/slurmctld.log)" scontrol ping
+    log "slurmctld running"
+}
+
+start_slurmd() {
+    local node=$1
+    alive slurmd "$(node_pidfile "$node")" && return 0
+    port_free "$((NODE_PORT_BASE + ${node#node}))" "slurmd $node"
+    # Own UTS and mount namespace: `hostname` prints the node name inside its jobs, and a
+    # private hosts file (bind-mounted over /etc/hosts there only) resolves node1..node4.
+    launch "slurmd-$node" unshare --uts --mount --propagation private \
+        bash -c 'hostname "$1" && mount --bind "$2" /etc/hosts && exec slurmd -f "$3" -N "$1"' \
+        _ "$node" "$DIR/nodes/$node/hosts" "$CONF" ||
+        fail "slurmd $node did not start: $(tail -n 5 "$LOG/slurmd-$node.log" "$LOG/slurmd-$node.out" 2>/dev/null)"
+}
+
+nodes_ready() {
+    # Every node responding (no '*' suffix) and usable.
+    local states
+    states=$(sinfo -h -N -p debug -o '%N %t' 2>/dev/null) || return 1
+    [[ $(grep -cE '^node[0-9]+ (idle|mix|alloc)$' <<<"$states") -eq ${#NODES[@]} ]]
+}
+
+resume_stuck_nodes() {
+    # A node drained or downed in an earlier life (saved in state) would stay so; a fresh `up`
+    # means "give me a working cluster", so put it back.
+    local node state
+    while read -r node state; do
+        case $state in
+        down | drain | drng | drained | fail)
+            log "resuming $node (was $state)"
+            scontrol update nodename="$node" state=resume 2>/dev/null || true
+            ;;
+        esac
+    done < <(sinfo -h -N -p debug -o '%N %t' 2>/dev/null | tr -d '*~#!%$@^-')
+}
+
+healthy() {
+    alive munged "$(munged_pidfile)" && alive mariadbd "$(db_pidfile)" &&
+        alive slurmdbd "$(dbd_pidfile)" && alive slurmctld "$(ctld_pidfile)" || return 1
+    local node
+    for node in "${NODES[@]}"; do alive slurmd "$(node_pidfile "$node")" || return 1; done
+    nodes_ready
+}
+
+cmd_up() {
+    check_can_start
+    mkdir -p "$DIR" "$ETC" "$RUN" "$LOG" "$STATE"
+    chmod 755 "$DIR" "$RUN" "$LOG"
+    touch "$MARKER"
+    exec 9>"$DIR/.lock"
+    flock -w 300 9 || fail "another 'up' or 'down' held $DIR/.lock for 300 s"
+    if healthy; then
+        log "already up: ${#NODES[@]} nodes in partition debug (SLURM_CONF=$CONF)"
+        return 0
+    fi
+    local t0=$SECONDS
+    write_configs
+    start_munged
+    start_mariadb
+    start_slurmdbd
+    register_cluster
+    start_slurmctld
+    local node
+    for node in "${NODES[@]}"; do start_slurmd "$node"; done
+    local deadline=$((SECONDS + 30)) resumed=0
+    until nodes_ready; do
+        if ((SECONDS >= deadline)); then
+            sinfo -N -p debug >&2 || true
+            fail "nodes not idle after 30s (logs: $LOG/slurmd-*.log)"
+        fi
+        if ((!resumed && SECONDS >= deadline - 27)); then
+            resume_stuck_nodes
+            resumed=1
+        fi
+        sleep 0.2
+    done
+    wait_until 30 "sacct to answer" sacct -n -X -S now-1minutes
+    log "up in $((SECONDS - t0))s: ${#NODES[@]} nodes idle in partition debug; export SLURM_CONF=$CONF"
+}
+
+# --- stopping --------------------------------------------------------------------------------
+
+cancel_jobs() {
+    alive slurmctld "$(ctld_pidfile)" || return 0
+    local jobs
+    jobs=$(squeue -h -o %i 2>/dev/null) || return 0
+    [[ -n $jobs ]] || return 0
+    log "cancelling jobs: $(echo $jobs)"
+    # shellcheck disable=SC2086
+    scancel $jobs 2>/dev/null || true
+    local deadline=$((SECONDS + 15))
+    while [[ -n $(squeue -h -o %i 2>/dev/null) ]] && ((SECONDS < deadline)); do sleep 0.2; done
+}
+
+cmd_down() {
+    local purge=0
+    case ${1:-} in
+    --purge) purge=1 ;;
+    "") ;;
+    *) usage ;;
+    esac
+    if [[ ! -d $DIR ]]; then
+        log "already down ($DIR does not exist)"
+        return 0
+    fi
+    exec 9>"$DIR/.lock"
+    flock -w 300 9 || fail "another 'up' or 'down' held $DIR/.lock for 300 s"
+
+    cancel_jobs
+    # Job processes live in the nodes' UTS namespaces: remember them to clean up leftovers.
+    local node pid namespaces=()
+    for node in "${NODES[@]}"; do
+        pid=$(pid_of slurmd "$(node_pidfile "$node")") &&
+            namespaces+=("$(readlink "/proc/$pid/ns/uts" 2>/dev/null)")
+    done
+    local stop_nodes=()
+    for node in "${NODES[@]}"; do stop_nodes+=("slurmd:$(node_pidfile "$node")"); done
+    stop "${stop_nodes[@]}" "slurmctld:$(ctld_pidfile)"
+    if ((${#namespaces[@]})); then
+        local leftovers=() p ns n
+        for p in /proc/[0-9]*; do
+            ns=$(readlink "$p/ns/uts" 2>/dev/null) || continue
+            for n in "${namespaces[@]}"; do [[ $ns == "$n" ]] && leftovers+=("${p#/proc/}"); done
+        done
+        if ((${#leftovers[@]})); then
+            log "killing leftover job processes: ${leftovers[*]}"
+            kill -KILL "${leftovers[@]}" 2>/dev/null || true
+        fi
+    fi
+    # After slurmctld, so its last job records reach the database; munge is not needed after.
+    stop "slurmdbd:$(dbd_pidfile)"
+    stop "mariadbd:$(db_pidfile)" "munged:$(munged_pidfile)"
+
+    if ((purge)); then
+        if [[ -e $MARKER ]]; then
+            rm -rf -- "$DIR"
+            log "down; deleted $DIR"
+        else
+            fail "not deleting $DIR: it lacks $MARKER, so it is not a local-slurm.sh directory"
+        fi
+    else
+        log "down (data kept in $DIR; 'down --purge' deletes it)"
+    fi
+}
+
+# --- status ----------------------------------------------------------------------------------
+
+cmd_status() {
+    local all=0 pid name pidfile
+    report() {
+        if pid=$(pid_of "$1" "$2"); then
+            printf '%-16s running (pid %s)\n' "$3" "$pid"
+        else
+            printf '%-16s stopped\n' "$3"
+            all=1
+        fi
+    }
+    report munged "$(munged_pidfile)" munged
+    report mariadbd "$(db_pidfile)" mariadbd
+    report slurmdbd "$(dbd_pidfile)" slurmdbd
+    report slurmctld "$(ctld_pidfile)" slurmctld
+    for name in "${NODES[@]}"; do report slurmd "$(node_pidfile "$name")" "slurmd $name"; done
+    if alive slurmctld "$(ctld_pidfile)" && [[ -r $CONF ]]; then
+        echo
+        sinfo -N -p debug || all=1
+        nodes_ready || all=1
+    fi
+    echo
+    echo "SLURM_CONF=$CONF"
+    return "$all"
+}
+
+case ${1:-} in
+up) cmd_up ;;
+down) shift && cmd_down "$@" ;;
+status) cmd_status ;;
+env) printf 'export SLURM_CONF=%q\n' "$CONF" ;;
+*) usage ;;
+esac
