@@ -49,7 +49,8 @@ def _load(args) -> tuple[config.ClusterProfile, config.Experiment]:
     return profile, experiment
 
 
-def _render_selection(args, profile, experiment, scripts_dir: Path | None = None):
+def _render_selection(args, profile, experiment, scripts_dir: Path | None = None,
+                      one_node_only: bool = False):
     """Render the cells asked for; all validated before the caller writes anything."""
     from hpcdp import render
 
@@ -60,6 +61,8 @@ def _render_selection(args, profile, experiment, scripts_dir: Path | None = None
             raise UsageError("--nodes needs --strategy; without --strategy the experiment's "
                              "matrix (matrix.nodes) decides the node counts")
         cells = experiment.matrix.cells()
+        if one_node_only:
+            cells = [(strategy, nodes) for strategy, nodes in cells if nodes == 1]
     experiment_file = render.resolved_experiment_path(profile, experiment, args.out)
     jobs = []
     for strategy, nodes in cells:
@@ -144,6 +147,28 @@ def cmd_submit(args) -> int:
             print(f"hpcdp: job {record['job_id']} ({record['strategy']}) ended {state}; "
                   f"see {record['log']}", file=sys.stderr)
     return 0 if all(s == "COMPLETED" for s in states.values()) else 1
+
+
+def cmd_run(args) -> int:
+    from hpcdp import local_run, render
+
+    profile, experiment = _load(args)
+    if args.nodes not in (None, 1):
+        raise UsageError(f"--nodes {args.nodes}: `hpcdp run` uses this machine only (1 node); "
+                         "use `hpcdp submit` for more")
+    jobs = _render_selection(args, profile, experiment, one_node_only=True)
+    _check_horovod(jobs, profile)
+    render.write_jobs(jobs, experiment)  # the same scripts, for a later sbatch
+    failed = []
+    for job in jobs:
+        code = local_run.run_locally(job.strategy, args.ranks or profile.devices_per_node(),
+                                     job.experiment_file, job.run_dir)
+        if code != 0:
+            failed.append(f"{job.strategy.name} (exit {code})")
+    if failed:
+        print(f"hpcdp: failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_status(args) -> int:
@@ -250,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "exit 1 unless all COMPLETED")
     p.add_argument("--timeout", type=float, default=None, help="stop --wait after N seconds")
     p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("run", help="train on this machine as local processes, without Slurm")
+    _add_selection(p)
+    p.add_argument("--ranks", type=int, help="processes for one-per-device strategies "
+                                            "(default: the profile's devices per node)")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("status", help="states of the jobs hpcdp submitted (one Slurm query)")
     p.add_argument("--json", action="store_true")

@@ -35,6 +35,8 @@ class Strategy:
     """The single process drives every GPU of its node (DataParallel)."""
     template: str
     """The launch family in templates/ that renders its sbatch script."""
+    local_launcher: Literal["python", "torchrun", "horovodrun"]
+    """How `hpcdp run` starts it on this machine without Slurm."""
     aliases: tuple[str, ...] = ()
 
     def tasks_per_node(self, devices_per_node: int) -> int:
@@ -69,6 +71,7 @@ STRATEGIES: tuple[Strategy, ...] = (
         mixed_precision=False,
         max_nodes=1,
         template="single.sbatch.j2",
+        local_launcher="python",
         aliases=("single",),
     ),
     Strategy(
@@ -80,6 +83,7 @@ STRATEGIES: tuple[Strategy, ...] = (
         max_nodes=1,
         uses_all_node_devices=True,
         template="single.sbatch.j2",
+        local_launcher="python",
         aliases=("dp", "sps"),
     ),
     Strategy(
@@ -90,6 +94,7 @@ STRATEGIES: tuple[Strategy, ...] = (
         mixed_precision=False,
         max_nodes=None,
         template="srun.sbatch.j2",
+        local_launcher="torchrun",
         aliases=("ddp", "dps"),
     ),
     Strategy(
@@ -100,6 +105,7 @@ STRATEGIES: tuple[Strategy, ...] = (
         mixed_precision=False,
         max_nodes=None,
         template="horovod.sbatch.j2",
+        local_launcher="horovodrun",
         aliases=("hvd",),
     ),
     Strategy(
@@ -110,6 +116,7 @@ STRATEGIES: tuple[Strategy, ...] = (
         mixed_precision=True,
         max_nodes=None,
         template="srun.sbatch.j2",
+        local_launcher="torchrun",
         aliases=("ddp-apex", "dps-apex", "ddp-amp"),
     ),
     Strategy(
@@ -120,6 +127,7 @@ STRATEGIES: tuple[Strategy, ...] = (
         mixed_precision=True,
         max_nodes=None,
         template="horovod.sbatch.j2",
+        local_launcher="horovodrun",
         aliases=("hvd-apex", "horovod-amp"),
     ),
 )

@@ -1,0 +1,53 @@
+"""`hpcdp run`: the same training as a one-node job, as local processes, without Slurm.
+
+For machines where no Slurm cluster is reachable and the local one cannot start (not root,
+packages missing): the demo falls back to this and says so. Ranks are started by the launcher
+each strategy names in the registry (python, torchrun, horovodrun), on this one machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from hpcdp.errors import UsageError
+from hpcdp.strategies import Strategy
+
+
+def launch_command(strategy: Strategy, ranks: int, python: str, train_args: list[str]) -> list[str]:
+    train = [python, "-m", "train", *train_args]
+    if strategy.local_launcher == "python":
+        return train
+    if strategy.local_launcher == "torchrun":
+        return [python, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={ranks}", "-m", "train", *train_args]
+    horovodrun = shutil.which("horovodrun") or str(Path(python).parent / "horovodrun")
+    if not Path(horovodrun).exists():
+        raise UsageError("strategy horovod needs Horovod (horovodrun not found): "
+                         "run scripts/install-horovod.sh")
+    return [horovodrun, "-np", str(ranks), "--gloo", *train]
+
+
+def run_locally(strategy: Strategy, ranks: int, experiment_file: Path, run_dir: Path) -> int:
+    """Prepare the data, then train; returns the training command's exit code."""
+    python = sys.executable
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tasks = strategy.tasks_per_node(ranks)
+    args = ["--experiment", str(experiment_file), "--strategy", strategy.name,
+            "--out", str(run_dir), "--resume", "--expect-world", str(tasks),
+            "--expect-tasks-per-node", str(tasks)]
+    env = dict(os.environ)
+    # Ranks share this machine's cores: one thread each unless the user said otherwise.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for key in [k for k in env if k.startswith("SLURM_")]:
+        del env[key]  # inside an allocation, srun's variables would describe another world
+    print(f"hpcdp: running {strategy.name} as {tasks} local process(es), no Slurm; "
+          f"metrics in {run_dir}", flush=True)
+    prepare = subprocess.run([python, "-m", "train", "prepare", "--experiment",
+                              str(experiment_file)], env=env)
+    if prepare.returncode != 0:
+        return prepare.returncode
+    return subprocess.run(launch_command(strategy, tasks, python, args), env=env).returncode

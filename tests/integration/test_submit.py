@@ -1,0 +1,141 @@
+"""The generator and submission against the real local Slurm cluster (no mocked sbatch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcdp import config, render, slurm
+
+pytestmark = pytest.mark.slurm
+
+# A few steps of the tiny model: enough to exercise the whole path, seconds per job.
+FAST = ["--set", "train.steps=4", "--set", "train.eval_interval=0",
+        "--set", "train.checkpoint_interval=0"]
+
+
+def hpcdp(*args: str, cwd: Path, check: bool = True, timeout: float = 600):
+    result = subprocess.run([sys.executable, "-m", "hpcdp", *args], cwd=cwd, capture_output=True,
+                            text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"hpcdp {' '.join(args)} -> {result.returncode}\n"
+                             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def squeue_ids() -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def wait_final(job_id: str, timeout_s: float = 300) -> slurm.JobInfo:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = slurm.query_jobs([job_id])[job_id]
+        if slurm.is_terminal(info.state) and info.source == "sacct":
+            return info
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} did not end within {timeout_s} s")
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_every_paper_cell_passes_bash_n_and_sbatch_test_only(slurm_cluster, tmp_path):
+    out = tmp_path / "runs"
+    result = hpcdp("render", "--experiment", "paper", "--cluster", "local", "--out", str(out),
+                   cwd=tmp_path)
+    scripts = [Path(p) for p in result.stdout.split()]
+    assert len(scripts) == len(config.load_experiment("paper").matrix.cells()) == 14
+    for script in scripts:
+        subprocess.run(["bash", "-n", str(script)], check=True)
+        test = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True,
+                              text=True)
+        assert test.returncode == 0, (script, test.stderr)
+        assert "to start at" in test.stderr
+
+
+def test_dry_run_submits_and_writes_nothing(slurm_cluster, tmp_path):
+    before = squeue_ids()
+    result = hpcdp("submit", "--dry-run", "--strategy", "ddp", "--nodes", "2",
+                   "--out", str(tmp_path / "runs"), cwd=tmp_path)
+    assert "#SBATCH --nodes=2" in result.stdout and "would submit" in result.stdout
+    assert squeue_ids() == before
+    assert not (tmp_path / "runs").exists()
+
+
+def test_rendered_script_runs_by_hand_with_sbatch_on_two_nodes(slurm_cluster, tmp_path):
+    result = hpcdp("render", "--strategy", "distributed-ps", "--nodes", "2",
+                   "--out", str(tmp_path / "runs"), *FAST, cwd=tmp_path)
+    script = Path(result.stdout.strip())
+    sbatch = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
+                            text=True, check=True, cwd=tmp_path)
+    job_id = sbatch.stdout.strip().split(";")[0]
+    info = wait_final(job_id)
+    log = (script.parent / f"slurm-{job_id}.out")
+    assert info.state == "COMPLETED", log.read_text()[-3000:] if log.exists() else info
+    assert info.num_nodes == 2
+    records = metrics(script.parent)
+    header = records[0]
+    assert header["kind"] == "header" and header["world_size"] == 2 and header["nodes"] == 2
+    assert header["slurm_job_id"] == job_id
+    assert records[-1]["kind"] == "summary"
+
+
+def test_hpcdp_submit_wait_completes_on_two_nodes(slurm_cluster, tmp_path):
+    state_dir = tmp_path / "state"
+    env_before = os.environ.get("HPCDP_STATE_DIR")
+    os.environ["HPCDP_STATE_DIR"] = str(state_dir)
+    try:
+        result = hpcdp("submit", "--strategy", "distributed-ps", "--nodes", "2", "--wait",
+                       "--out", str(tmp_path / "runs"), *FAST, cwd=tmp_path)
+        assert "COMPLETED" in result.stdout
+        record = json.loads((state_dir / "jobs.jsonl").read_text().splitlines()[-1])
+        run_dir = Path(record["run_dir"])
+        # submitit sent exactly the rendered script
+        submitted = sorted((run_dir / ".submitit").rglob("*submission.sh"))
+        assert submitted and submitted[0].read_text() == (run_dir / "job.sbatch").read_text()
+        assert metrics(run_dir)[0]["world_size"] == 2
+        status = hpcdp("status", "--json", cwd=tmp_path)
+        rows = json.loads(status.stdout)
+        assert rows[-1]["job_id"] == record["job_id"] and rows[-1]["state"] == "COMPLETED"
+    finally:
+        if env_before is None:
+            os.environ.pop("HPCDP_STATE_DIR", None)
+        else:
+            os.environ["HPCDP_STATE_DIR"] = env_before
+
+
+def test_submit_wait_exits_nonzero_when_the_job_fails(slurm_cluster, tmp_path):
+    # A corpus folder that does not exist makes `python -m train prepare` fail inside the job.
+    result = hpcdp("submit", "--strategy", "single-gpu", "--wait", "--out", str(tmp_path / "r"),
+                   "--set", f"data.corpus={tmp_path}/no-such-corpus", *FAST, cwd=tmp_path,
+                   check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED" in result.stdout
+
+
+def test_weird_paths_render_inert(slurm_cluster, weird_tmp_path):
+    """A run directory full of shell metacharacters: the job completes, no payload runs."""
+    out = weird_tmp_path / "runs"
+    result = hpcdp("render", "--strategy", "single-gpu", "--out", str(out), *FAST,
+                   cwd=weird_tmp_path)
+    script = Path(result.stdout.strip())
+    assert script.exists()
+    sbatch = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
+                            text=True, check=True, cwd=weird_tmp_path)
+    info = wait_final(sbatch.stdout.strip())
+    assert info.state == "COMPLETED"
+    assert (script.parent / "metrics.jsonl").exists()
+    # The payloads would create PWNED / TICK in whatever directory the shell ran in.
+    for base in (weird_tmp_path.parent, Path(slurm_cluster), Path.home(), Path("/")):
+        for payload in ("PWNED", "TICK"):
+            assert not (base / payload).exists(), f"{base / payload} was created"
+    assert not list(weird_tmp_path.parent.rglob("PWNED"))
