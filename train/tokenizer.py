@@ -203,8 +203,8 @@ def _gpt2_from_vocab_merges(folder: Path):
     from transformers import GPT2Tokenizer as HFGPT2Tokenizer
 
     vocab = json.loads(vocab_file.read_text(encoding="utf-8"))
-    merges = [
-        line for line in merges_file.read_text(encoding="utf-8").splitlines()
+    merges = [  # pairs: transformers 5 takes tuples, not "a b" lines
+        tuple(line.split(" ")) for line in merges_file.read_text(encoding="utf-8").splitlines()
         if line and not line.startswith("#version")
     ]
     tok = HFGPT2Tokenizer(vocab=vocab, merges=merges)
