@@ -402,7 +402,7 @@ class Batches:
 
 
 def main_prepare(argv: list[str] | None = None, log: Callable[[str], None] = print) -> int:
-    """`python -m train prepare --experiment E [--set data.x=v ...]`: prepare and print the folder."""
+    """`python -m train prepare --experiment E [--set data.x=v ...]`; logs the folder."""
     parser = argparse.ArgumentParser(prog="python -m train prepare",
                                      description="Tokenize an experiment's corpus once.")
     parser.add_argument("--experiment", required=True,

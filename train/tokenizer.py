@@ -235,8 +235,8 @@ def load_tokenizer(
     elif kind == "gpt2":
         if not gpt2_files:
             raise UsageError(
-                "data.tokenizer 'gpt2' needs data.gpt2_files: a gpt2.tiktoken file or a folder with "
-                f"vocab.json and merges.txt ({FETCH_HINT}, then set "
+                "data.tokenizer 'gpt2' needs data.gpt2_files: a gpt2.tiktoken file or a folder "
+                f"with vocab.json and merges.txt ({FETCH_HINT}, then set "
                 "data.gpt2_files=data/gpt2/gpt2.tiktoken)"
             )
         tok = GPT2Tokenizer(gpt2_files)
