@@ -210,6 +210,7 @@ SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 SchedulerParameters=sched_interval=5,bf_interval=5
 MpiDefault=none
+MailProg=/bin/true
 ReturnToService=2
 KillWait=2
 SlurmctldDebug=info
