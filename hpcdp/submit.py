@@ -45,8 +45,10 @@ def state_file() -> Path:
 def submit_job(job: RenderedJob, cluster: str, experiment: str) -> dict:
     """Submit one rendered (and already written) job; returns its record."""
     executor_cls = _executor_class()
+    folder = job.run_dir / ".submitit"
+    folder.mkdir(parents=True, exist_ok=True)
     try:
-        executor = executor_cls(job.run_dir / ".submitit", job.text)
+        executor = executor_cls(folder, job.text)
     except RuntimeError as exc:  # submitit: no srun on PATH
         raise UsageError(f"cannot submit: {exc} (install Slurm's client or use `hpcdp render`)")
     # Only for submitit's bookkeeping (task count); the directives are in the script itself.
