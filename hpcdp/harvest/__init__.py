@@ -1,0 +1,224 @@
+"""`hpcdp harvest`: read run directories, ask Slurm once, print the comparison, write plots.
+
+    harvest(paths, target_loss=None) -> list[RunResult]     the library entry
+    collect(paths, ...) -> Harvest                          the same, with target and accounting
+    add_arguments(parser); main(args) -> int                the CLI (wired in hpcdp/cli.py)
+
+No torch; matplotlib only when plots are written. Columns and rules: docs/harvest.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcdp.errors import UsageError, did_you_mean, one_line
+from hpcdp.harvest.read import (MetricsLog, find_run_dirs, read_metrics, read_submission,
+                                scan_slurm_logs)
+from hpcdp.harvest.table import (RunResult, fill_comparisons, render_csv, render_json,
+                                 render_markdown, render_table, state_from_log, summarize_log)
+
+__all__ = ["FORMATS", "Harvest", "RunResult", "add_arguments", "collect", "harvest", "main",
+           "write_outputs"]
+
+FORMATS = ("table", "markdown", "csv", "json")
+
+
+@dataclass
+class Harvest:
+    runs: list[RunResult]
+    target_loss: float | None
+    accounting: dict = field(default_factory=dict)
+    """{"queried": bool, "available": bool|None, "message": str}."""
+
+
+def _job_id(log: MetricsLog, submission: dict) -> str | None:
+    """The job of the last segment (the header knows it), else what hpcdp submit recorded."""
+    for segment in reversed(log.segments):
+        job = segment.header.get("slurm_job_id")
+        if job not in (None, ""):
+            return str(job)
+    job = submission.get("job_id")
+    return str(job) if job not in (None, "") else None
+
+
+def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
+    notes = []
+    if r.restarts:
+        notes.append(f"requeued/resumed {r.restarts}x ({r.segments} segments)")
+    if log.corrupt_lines:
+        recovered = f", {log.recovered_records} record(s) recovered" if log.recovered_records else ""
+        notes.append(f"{log.corrupt_lines} corrupt line(s) skipped{recovered}")
+    if log.truncated:
+        notes.append("last line cut mid-write")
+    if not log.segments or not log.header:
+        notes.append("no header record")
+    if r.steps == 0:
+        notes.append("no step records")
+    if log.summary is None and r.steps and r.state not in ("RUNNING", "PENDING", "RUNNING-by-log",
+                                                           "ENDING", "COMPLETING"):
+        of = f" of {r.planned_steps}" if r.planned_steps else ""
+        notes.append(f"no summary: stopped at step {r.last_step}{of}")
+    if info is not None and info.source == "sacct":
+        if r.state == "FAILED" or (r.exit_code not in (None, 0) and r.state != "COMPLETED"):
+            notes.append(f"failed with exit code {r.exit_code}")
+        elif info.signal:
+            notes.append(f"ended by signal {info.signal}")
+        if r.state == "COMPLETED" and log.summary is None:
+            notes.append("Slurm says COMPLETED but metrics.jsonl has no summary")
+    if r.state == "ENDING":
+        notes.append("state provisional (sacct not final yet)")
+    if scan.last_exception:
+        notes.append(f"{scan.files[-1]}: {scan.last_exception}")
+    elif scan.tracebacks:
+        notes.append(f"{scan.files[-1]}: traceback")
+    if scan.error_lines and not scan.last_exception:
+        notes.append(f"{scan.error_lines} error line(s) in slurm log, first: {scan.first_error}")
+    return notes
+
+
+def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm: bool = True,
+            env: Mapping[str, str] | None = None) -> Harvest:
+    """Read every run under `paths`, ask Slurm once for all their jobs, fill the comparison."""
+    run_dirs = find_run_dirs([Path(p) for p in paths])
+    logs = []
+    for run_dir in run_dirs:
+        log = read_metrics(run_dir / "metrics.jsonl")
+        submission = read_submission(run_dir)
+        logs.append((run_dir, log, _job_id(log, submission)))
+    job_ids = [job for _, _, job in logs if job]
+    infos: dict = {}
+    accounting: dict = {"queried": False, "available": None, "message": ""}
+    if query_slurm and job_ids:
+        from hpcdp import slurm
+
+        table = slurm.query_jobs(job_ids, env=env)  # one squeue + one sacct for all runs
+        infos = dict(table)
+        accounting = {"queried": True, "available": table.accounting_available,
+                      "message": table.accounting_message}
+    results = []
+    for run_dir, log, job in logs:
+        r = summarize_log(run_dir, log)
+        r.job_id = job
+        info = infos.get(job) if job else None
+        if info is not None and info.source != "none":
+            r.state, r.state_source, r.exit_code = info.state, info.source, info.exit_code
+            r.restarts = max(r.restarts, info.restarts or 0)
+            r.max_rss = info.max_rss
+        else:
+            r.state = state_from_log(r, log)
+        # Logs of every job that wrote this run (a requeue keeps the id; a resubmission not).
+        jobs = [str(s.header["slurm_job_id"]) for s in log.segments
+                if s.header.get("slurm_job_id") not in (None, "")]
+        scan = scan_slurm_logs(run_dir, jobs or ([job] if job else None))
+        r.notes = _notes(r, log, info, scan)
+        results.append(r)
+    results.sort(key=RunResult.key)
+    seen: dict[tuple, str] = {}
+    for r in results:  # the first of several equal configurations is the one compared against
+        same = (r.experiment, r.strategy, r.nodes, r.precision)
+        if same in seen:
+            r.notes.append(f"same experiment/strategy/nodes/precision as {seen[same]}")
+        else:
+            seen[same] = Path(r.run_dir).name
+    used_target = fill_comparisons(results, target_loss)
+    return Harvest(runs=results, target_loss=used_target, accounting=accounting)
+
+
+def harvest(paths: list[Path], target_loss: float | None = None, *, query_slurm: bool = True,
+            env: Mapping[str, str] | None = None) -> list[RunResult]:
+    """One RunResult per run directory under `paths` (run dirs or roots searched recursively).
+
+    target_loss: loss for "time to target"; None: the highest final loss among the runs.
+    query_slurm: ask squeue/sacct (once for all runs) for job states; False: metrics only.
+    """
+    return collect(paths, target_loss, query_slurm=query_slurm, env=env).runs
+
+
+def render(result: Harvest, fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r} is not valid{did_you_mean(fmt, FORMATS)}; "
+                         f"valid: {', '.join(FORMATS)}")
+    if fmt == "table":
+        text = render_table(result.runs)
+        if result.target_loss is not None:
+            text += f"\n\ntarget loss for 'time to target': {result.target_loss:.4f}"
+        return text + "\n"
+    if fmt == "markdown":
+        return render_markdown(result.runs, result.target_loss) + "\n"
+    if fmt == "csv":
+        return render_csv(result.runs)
+    return render_json(result.runs, result.target_loss, result.accounting)
+
+
+def write_outputs(result: Harvest, out_dir: Path, plots: bool = True) -> list[Path]:
+    """OUT/table.md, table.csv, runs.json and (plots) throughput_vs_nodes.png, loss_vs_time.png."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {str(out_dir)!r} cannot be created: {exc.strerror or exc}") from None
+    written = []
+    for name, text in (("table.md", render(result, "markdown")),
+                       ("table.csv", render(result, "csv")),
+                       ("runs.json", render(result, "json"))):
+        path = out_dir / name
+        path.write_text(text)
+        written.append(path)
+    if plots:
+        from hpcdp.harvest import plots as figures
+
+        written.append(figures.throughput_vs_nodes(result.runs, out_dir / "throughput_vs_nodes.png"))
+        written.append(figures.loss_vs_time(result.runs, out_dir / "loss_vs_time.png",
+                                            result.target_loss))
+    return written
+
+
+def _target(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"--target-loss {one_line(text)!r} must be a positive number, e.g. 3.5")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `hpcdp harvest` (values are checked in main, for one-line errors)."""
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="run directories (holding metrics.jsonl) or folders searched "
+                             "recursively, e.g. runs/paper")
+    parser.add_argument("--format", "-f", default="table", metavar="FORMAT",
+                        help=f"stdout format: {', '.join(FORMATS)} (default: table)")
+    parser.add_argument("--out", "-o", metavar="DIR",
+                        help="also write table.md, table.csv, runs.json and the plots here")
+    parser.add_argument("--target-loss", metavar="LOSS",
+                        help="loss for 'time to target' (default: the highest final loss among "
+                             "the runs, so every run has a time)")
+    parser.add_argument("--no-slurm", action="store_true",
+                        help="do not ask squeue/sacct; states come from the metrics files")
+    parser.add_argument("--no-plots", action="store_true", help="with --out: skip the PNGs")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `hpcdp harvest` from parsed arguments; returns the exit code."""
+    fmt = args.format
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r} is not valid{did_you_mean(fmt, FORMATS)}; "
+                         f"valid: {', '.join(FORMATS)}")
+    target = _target(args.target_loss)
+    result = collect([Path(p) for p in args.paths], target, query_slurm=not args.no_slurm)
+    if result.accounting.get("available") is False:
+        print(f"hpcdp: Slurm accounting unavailable ({result.accounting['message']}); "
+              "states of ended jobs come from the metrics files", file=sys.stderr)
+    sys.stdout.write(render(result, fmt))
+    if args.out:
+        for path in write_outputs(result, Path(args.out), plots=not args.no_plots):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0

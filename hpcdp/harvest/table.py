@@ -1,0 +1,303 @@
+"""From read runs to the comparison: one RunResult per run, the derived columns, and the
+table/markdown/csv/json renderings. Every column is defined in docs/harvest.md."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hpcdp import strategies
+from hpcdp.harvest.read import MetricsLog
+
+DEFAULT_WARMUP_LOG_STEPS = 2  # TrainConfig.warmup_log_steps' default, for headers without config
+BASELINE_STRATEGY = "single-gpu"
+BASELINE_PRECISION = "fp32"
+# A run without a summary whose last record is younger than this may still be writing.
+RUNNING_GRACE_S = 120.0
+
+
+@dataclass
+class RunResult:
+    """One run's row in the comparison, plus what it took to get there."""
+
+    run_dir: str
+    experiment: str | None
+    strategy: str | None
+    nodes: int | None
+    world_size: int | None
+    precision: str | None
+    device: str | None
+    job_id: str | None
+    state: str
+    state_source: str
+    """"sacct" / "squeue" (Slurm said so), "log" (read from metrics.jsonl only)."""
+    exit_code: int | None
+    steps: int
+    """Distinct steps logged (the last value per step counts)."""
+    last_step: int | None
+    planned_steps: int | None
+    segments: int
+    restarts: int
+    corrupt_lines: int
+    truncated: bool
+    tokens_per_s: float | None
+    step_time_s: float | None
+    steady_steps: int
+    speedup: float | None = None
+    scaling_efficiency: float | None = None
+    """tokens/s / (nodes x tokens/s of the same strategy and precision on 1 node)."""
+    efficiency_vs_single: float | None = None
+    """tokens/s / (world_size x tokens/s of single-gpu fp32 on 1 node)."""
+    target_loss: float | None = None
+    time_to_target_s: float | None = None
+    step_to_target: int | None = None
+    final_loss: float | None = None
+    final_val_loss: float | None = None
+    peak_mem_gb: float | None = None
+    mfu: float | None = None
+    max_rss: str | None = None
+    notes: list[str] = field(default_factory=list)
+    curve: list[tuple[float, float]] = field(default_factory=list, repr=False)
+    """(training time s, loss) per logged step, in step order: the loss-vs-time figure."""
+    loss_by_step: list[tuple[int, float]] = field(default_factory=list, repr=False)
+
+    def key(self) -> tuple:
+        """Sort key: experiment, the registry's strategy order, nodes, precision, dir."""
+        order = {name: i for i, name in enumerate(strategies.NAMES)}
+        return (self.experiment or "", order.get(self.strategy or "", len(order)),
+                self.strategy or "", self.nodes or 0, self.precision or "", self.run_dir)
+
+    def to_dict(self, with_curve: bool = False) -> dict:
+        data = asdict(self)
+        if not with_curve:
+            data.pop("curve")
+            data.pop("loss_by_step")
+        return data
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def warmup_log_steps(header: dict) -> int:
+    """Steps left out of medians after each segment start: config.train.warmup_log_steps."""
+    value = ((header.get("config") or {}).get("train") or {}).get("warmup_log_steps")
+    return value if isinstance(value, int) and value >= 0 else DEFAULT_WARMUP_LOG_STEPS
+
+
+def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
+    """The per-run numbers that need nothing but the run's own metrics."""
+    header = log.header
+    steps = [log.steps[s] for s in sorted(log.steps)]
+    # Steady steps: past the warm-up of the segment that wrote them (a resumed segment warms up
+    # again: allocator, compilation, data loader), as train/loop.py's own summary does.
+    steady = []
+    for rec in steps:
+        seg = log.segments[rec["_seg"]]
+        start = seg.header.get("start_step")
+        start = start if isinstance(start, int) else (seg.first_step or 1) - 1
+        if rec["step"] - start > warmup_log_steps(seg.header):
+            steady.append(rec)
+    timed = steady or steps  # a run shorter than its warm-up: use what there is
+    tps = [v for v in (_number(r.get("tokens_per_s")) for r in timed) if v is not None]
+    dts = [v for v in (_number(r.get("step_time_s")) for r in timed) if v is not None]
+    mfus = [v for v in (_number(r.get("mfu")) for r in timed) if v is not None]
+    mems = [v for v in (_number(r.get("max_mem_gb")) for r in steps) if v is not None]
+    losses = [(r["step"], _number(r.get("loss"))) for r in steps]
+    curve = [(r["_t"], loss) for r, (_, loss) in zip(steps, losses) if loss is not None]
+    final_val = log.evals[max(log.evals)] if log.evals else None
+    if final_val is None and log.summary:
+        final_val = _number(log.summary.get("final_val_loss"))
+    planned = ((header.get("config") or {}).get("train") or {}).get("steps")
+    return RunResult(
+        run_dir=str(run_dir), experiment=header.get("experiment"),
+        strategy=header.get("strategy"), nodes=header.get("nodes"),
+        world_size=header.get("world_size"), precision=header.get("precision"),
+        device=header.get("device"), job_id=None, state="UNKNOWN", state_source="log",
+        exit_code=None, steps=len(steps), last_step=steps[-1]["step"] if steps else None,
+        planned_steps=planned if isinstance(planned, int) else None,
+        segments=len(log.segments),
+        restarts=max([len(log.segments) - 1] + [
+            s.header.get("restart_count") for s in log.segments
+            if isinstance(s.header.get("restart_count"), int)]),
+        corrupt_lines=log.corrupt_lines, truncated=log.truncated,
+        tokens_per_s=_median(tps), step_time_s=_median(dts), steady_steps=len(steady),
+        final_loss=next((loss for _, loss in reversed(losses) if loss is not None), None),
+        final_val_loss=final_val, peak_mem_gb=max(mems) if mems else None,
+        mfu=_median(mfus), curve=curve,
+        loss_by_step=[(s, loss) for s, loss in losses if loss is not None],
+    )
+
+
+def state_from_log(result: RunResult, log: MetricsLog, now: float | None = None) -> str:
+    """When Slurm cannot say: COMPLETED-by-log with a summary, else RUNNING-by-log while the
+    file is fresh, else INCOMPLETE."""
+    if log.summary is not None:
+        return "COMPLETED-by-log"
+    now = time.time() if now is None else now
+    grace = max(RUNNING_GRACE_S, 10 * (result.step_time_s or 0.0))
+    if log.last_time is not None and now - log.last_time < grace:
+        return "RUNNING-by-log"
+    return "INCOMPLETE"
+
+
+def fill_comparisons(results: list[RunResult], target_loss: float | None) -> float | None:
+    """Speed-up, scaling efficiency and time to target, across runs. Returns the target used.
+
+    Default target: the highest final loss among the runs, so that every run reaches it.
+    """
+    baselines: dict[str | None, float] = {}  # experiment -> single-gpu fp32 1-node tokens/s
+    one_node: dict[tuple, float] = {}  # (experiment, strategy, precision) -> tokens/s at 1 node
+    for r in sorted(results, key=RunResult.key):
+        if r.tokens_per_s is None or r.nodes != 1:
+            continue
+        one_node.setdefault((r.experiment, r.strategy, r.precision), r.tokens_per_s)
+        if r.strategy == BASELINE_STRATEGY and r.precision == BASELINE_PRECISION:
+            baselines.setdefault(r.experiment, r.tokens_per_s)
+    for r in results:
+        if r.tokens_per_s is None:
+            continue
+        base = baselines.get(r.experiment)
+        if base:
+            r.speedup = r.tokens_per_s / base
+            if r.world_size:
+                r.efficiency_vs_single = r.tokens_per_s / (r.world_size * base)
+        ref = one_node.get((r.experiment, r.strategy, r.precision))
+        if ref and r.nodes:
+            r.scaling_efficiency = r.tokens_per_s / (r.nodes * ref)
+    if target_loss is None:
+        finals = [r.final_loss for r in results if r.final_loss is not None]
+        target_loss = max(finals) if finals else None
+    if target_loss is not None:
+        for r in results:
+            r.target_loss = target_loss
+            for (t, loss), (step, _) in zip(r.curve, r.loss_by_step):
+                if loss <= target_loss:
+                    r.time_to_target_s, r.step_to_target = t, step
+                    break
+    return target_loss
+
+
+# ------------------------------------------------------------------------------ rendering
+
+COLUMNS: list[tuple[str, str]] = [
+    # (RunResult field or derived name, column title)
+    ("experiment", "experiment"),
+    ("strategy", "strategy"),
+    ("nodes", "nodes"),
+    ("world_size", "world"),
+    ("precision", "precision"),
+    ("state", "state"),
+    ("steps", "steps"),
+    ("tokens_per_s", "tokens/s"),
+    ("step_time_ms", "step ms"),
+    ("speedup", "speed-up"),
+    ("scaling_efficiency", "scaling eff"),
+    ("efficiency_vs_single", "eff vs 1 GPU"),
+    ("time_to_target_s", "time to target s"),
+    ("final_loss", "final loss"),
+    ("final_val_loss", "val loss"),
+    ("peak_mem_gb", "peak mem GB"),
+    ("mfu", "MFU"),
+    ("notes", "notes"),
+]
+
+
+def _cell(r: RunResult, name: str, for_csv: bool = False) -> str:
+    if name == "step_time_ms":
+        value = None if r.step_time_s is None else r.step_time_s * 1e3
+    elif name == "notes":
+        return "; ".join(r.notes)
+    else:
+        value = getattr(r, name)
+    if value is None:
+        return "" if for_csv else "-"
+    if for_csv:
+        return repr(value) if isinstance(value, float) else str(value)
+    if name == "tokens_per_s":
+        return f"{value:,.0f}"
+    if name in ("speedup",):
+        return f"{value:.2f}x"
+    if name in ("scaling_efficiency", "efficiency_vs_single", "mfu"):
+        return f"{100 * value:.1f}%"
+    if name in ("final_loss", "final_val_loss"):
+        return f"{value:.4f}"
+    if name in ("step_time_ms", "time_to_target_s"):
+        return f"{value:.1f}"
+    if name == "peak_mem_gb":
+        return f"{value:.2f}"
+    return str(value)
+
+
+def _columns(results: list[RunResult]) -> list[tuple[str, str]]:
+    """All columns; experiment only when runs of several experiments are compared."""
+    if len({r.experiment for r in results}) > 1:
+        return COLUMNS
+    return [c for c in COLUMNS if c[0] != "experiment"]
+
+
+def render_table(results: list[RunResult]) -> str:
+    """Plain text, aligned columns (the terminal default)."""
+    cols = _columns(results)
+    rows = [[title for _, title in cols]] + [[_cell(r, name) for name, _ in cols] for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    right = {"nodes", "world_size", "steps", "tokens_per_s", "step_time_ms", "speedup",
+             "scaling_efficiency", "efficiency_vs_single", "time_to_target_s", "final_loss",
+             "final_val_loss", "peak_mem_gb", "mfu"}
+    out = []
+    for row in rows:
+        cells = [(c.rjust(w) if name in right else c.ljust(w))
+                 for c, w, (name, _) in zip(row, widths, cols)]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
+
+
+def render_markdown(results: list[RunResult], target_loss: float | None = None) -> str:
+    cols = _columns(results)
+    lines = ["| " + " | ".join(title for _, title in cols) + " |",
+             "|" + "|".join("---:" if name not in ("strategy", "precision", "state", "notes",
+                                                   "experiment") else "---"
+                            for name, _ in cols) + "|"]
+    for r in results:
+        lines.append("| " + " | ".join(_cell(r, name).replace("|", "\\|") for name, _ in cols)
+                     + " |")
+    if target_loss is not None:
+        lines.append("")
+        lines.append(f"Target loss for 'time to target': {target_loss:.4f}.")
+    return "\n".join(lines)
+
+
+CSV_FIELDS = ["run_dir", "experiment", "strategy", "nodes", "world_size", "precision", "device",
+              "job_id", "state", "state_source", "exit_code", "steps", "last_step",
+              "planned_steps", "segments", "restarts", "corrupt_lines", "truncated",
+              "tokens_per_s", "step_time_s", "steady_steps", "speedup", "scaling_efficiency",
+              "efficiency_vs_single", "target_loss", "time_to_target_s", "step_to_target",
+              "final_loss", "final_val_loss", "peak_mem_gb", "mfu", "max_rss", "notes"]
+
+
+def render_csv(results: list[RunResult]) -> str:
+    """Full precision, machine-readable: every field, units in names (s, gb), no formatting."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_FIELDS)
+    for r in results:
+        writer.writerow([_cell(r, name, for_csv=True) if name != "notes" else "; ".join(r.notes)
+                         for name in CSV_FIELDS])
+    return buf.getvalue()
+
+
+def render_json(results: list[RunResult], target_loss: float | None,
+                accounting: dict | None = None) -> str:
+    return json.dumps({"target_loss": target_loss, "accounting": accounting or {},
+                       "runs": [r.to_dict() for r in results]}, indent=2) + "\n"

@@ -1,0 +1,326 @@
+"""Job states from Slurm: one `squeue` call for live jobs, one `sacct` call for the rest.
+
+Shared by `hpcdp status`, `hpcdp submit --wait` and `hpcdp harvest`. Pure Python, no torch; the
+client commands find the cluster through SLURM_CONF in the environment (or `env=`).
+
+Why two commands (docs/harvest.md, "Job states"):
+- squeue is the controller's live view, but forgets a job a few minutes after it ends.
+- sacct is the accounting database: it remembers every job, but lags squeue by up to ~5 s
+  (slurmctld sends records every 5 s), and it exists only where slurmdbd runs. Its exit codes
+  are read from the text output ("3:0"); `sacct --json` in 22.05 reports 0 for plain non-zero
+  exits. A requeue shows only with --duplicates: REQUEUED, then the rerun.
+- Lag rule: a job that squeue no longer shows while sacct still says RUNNING/PENDING (or any
+  other non-final state) has ended and its final record is on the way: it is reported as
+  "ENDING" (provisional). Only sacct's later answer is final; `wait_for_final` polls for it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+# States after which a job will not run again (unless someone requeues it by hand).
+TERMINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+    "BOOT_FAIL", "DEADLINE",
+})
+ENDING = "ENDING"
+"""Provisional: squeue no longer shows the job, sacct has not recorded its end yet."""
+UNKNOWN = "UNKNOWN"
+"""Neither squeue nor sacct knows the id (wrong cluster, purged, or not submitted)."""
+
+# Client commands must not hang `hpcdp status`: sacct retries a missing config for 60 s.
+COMMAND_TIMEOUT_S = 30.0
+
+_SQUEUE_FIELDS = ("JobID", "State", "TimeUsed", "NodeList", "NumNodes", "StartTime", "EndTime",
+                  "RestartCnt")
+_SACCT_FIELDS = ("JobID", "State", "ExitCode", "ElapsedRaw", "NodeList", "NNodes", "Start", "End",
+                 "MaxRSS")
+_NO_VALUE = {"", "N/A", "NONE", "None", "Unknown", "(null)", "None assigned"}
+
+
+@dataclass
+class JobInfo:
+    """What Slurm says about one job. `source` tells which command answered."""
+
+    job_id: str
+    state: str
+    """Normalized: first word, upper case ("CANCELLED by 0" -> "CANCELLED"); or ENDING/UNKNOWN."""
+    exit_code: int | None = None
+    """The job's exit code (sacct's "3:0" -> 3); None while live or when unknown."""
+    elapsed_s: float | None = None
+    node_list: str | None = None
+    num_nodes: int | None = None
+    start: str | None = None
+    """ISO time as Slurm prints it, or None when not started / unknown."""
+    end: str | None = None
+    restarts: int | None = None
+    """Requeues: squeue's RestartCnt, or the number of earlier sacct records (--duplicates)."""
+    max_rss: str | None = None
+    """Largest MaxRSS over the job's steps, as sacct prints it (e.g. "10524K"); None if unset."""
+    source: Literal["squeue", "sacct", "none"] = "none"
+    signal: int | None = None
+    """The signal that ended the job (sacct's "0:15" -> 15), when one did."""
+    raw_state: str | None = None
+    """The state exactly as Slurm printed it, e.g. "CANCELLED by 0"."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class JobTable(dict):
+    """`query_jobs`' answer: job id -> JobInfo, plus whether accounting could be asked.
+
+    accounting_available: True/False when sacct was asked; None when it was not needed (every
+    job was live in squeue). accounting_message says why it is unavailable.
+    """
+
+    accounting_available: bool | None = None
+    accounting_message: str = ""
+
+
+# The last thing sacct told us about itself, for accounting_status().
+_accounting: tuple[bool, str] | None = None
+
+
+def normalize_state(raw: str) -> str:
+    """'CANCELLED by 0' -> 'CANCELLED'; 'cancelled+' (a cut column) -> 'CANCELLED'."""
+    words = raw.strip().split()
+    return words[0].rstrip("+").upper() if words else UNKNOWN
+
+
+def is_terminal(state: str) -> bool:
+    """True for final states (COMPLETED, FAILED, CANCELLED, TIMEOUT, ...); accepts raw text."""
+    return normalize_state(state) in TERMINAL_STATES
+
+
+def parse_exit_code(text: str) -> tuple[int | None, int | None]:
+    """sacct's 'CODE:SIGNAL' -> (code, signal or None). '3:0' -> (3, None); '0:15' -> (0, 15)."""
+    code, sep, signal = text.strip().partition(":")
+    try:
+        exit_code = int(code)
+    except ValueError:
+        return None, None
+    try:
+        sig = int(signal) if sep else 0
+    except ValueError:
+        sig = 0
+    return exit_code, (sig or None)
+
+
+def parse_duration(text: str) -> float | None:
+    """Slurm's [D-][HH:]MM:SS (squeue TimeUsed) -> seconds; None for 'INVALID' and the like."""
+    text = text.strip()
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?", text)
+    if not match:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def rss_bytes(text: str | None) -> float:
+    """sacct's MaxRSS ('10524K', '1.5G', '123') -> bytes, for comparing; 0 when unset."""
+    if not text:
+        return 0.0
+    match = re.fullmatch(r"([\d.]+)([KMGTP]?)", text.strip())
+    if not match:
+        return 0.0
+    scale = 1024 ** " KMGTP".index(match.group(2) or " ")
+    return float(match.group(1)) * scale
+
+
+def _value(text: str) -> str | None:
+    text = text.strip()
+    return None if text in _NO_VALUE else text
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def parse_squeue(text: str) -> dict[str, JobInfo]:
+    """Parse `squeue --noheader -O JobID:|,State:|,...` output (fields _SQUEUE_FIELDS)."""
+    jobs: dict[str, JobInfo] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < len(_SQUEUE_FIELDS):
+            continue
+        job_id, state, used, nodes, num_nodes, start, end, restarts = (
+            p.strip() for p in parts[:len(_SQUEUE_FIELDS)])
+        if not job_id:
+            continue
+        jobs[job_id] = JobInfo(
+            job_id=job_id, state=normalize_state(state), raw_state=state,
+            elapsed_s=parse_duration(used), node_list=_value(nodes), num_nodes=_int(num_nodes),
+            start=_value(start), end=_value(end), restarts=_int(restarts), source="squeue",
+        )
+    return jobs
+
+
+def parse_sacct(text: str) -> dict[str, JobInfo]:
+    """Parse `sacct --parsable2 --noheader --duplicates --format=<_SACCT_FIELDS>` output.
+
+    Lines without a '.' in the JobID are allocations; the step lines that follow one
+    (ID.batch, ID.0, ...) belong to it and only feed max_rss. With --duplicates a requeued job
+    has several allocation records in order (REQUEUED ..., then the rerun): the last one is
+    the job's state, the earlier ones count as restarts.
+    """
+    records: dict[str, list[JobInfo]] = {}
+    current: JobInfo | None = None
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < len(_SACCT_FIELDS):
+            continue
+        job_id, state, exit_text, elapsed, nodes, num_nodes, start, end, max_rss = (
+            p.strip() for p in parts[:len(_SACCT_FIELDS)])
+        if not job_id:
+            continue
+        if "." in job_id:  # a step of the allocation above
+            owner = job_id.split(".", 1)[0]
+            if current is not None and current.job_id == owner and rss_bytes(max_rss) > rss_bytes(
+                    current.max_rss):
+                current.max_rss = max_rss
+            continue
+        exit_code, signal = parse_exit_code(exit_text)
+        current = JobInfo(
+            job_id=job_id, state=normalize_state(state), raw_state=state, exit_code=exit_code,
+            signal=signal, elapsed_s=float(elapsed) if elapsed.isdigit() else None,
+            node_list=_value(nodes), num_nodes=_int(num_nodes), start=_value(start),
+            end=_value(end), max_rss=_value(max_rss), source="sacct",
+        )
+        records.setdefault(job_id, []).append(current)
+    jobs = {}
+    for job_id, runs in records.items():
+        final = runs[-1]
+        final.restarts = len(runs) - 1
+        jobs[job_id] = final
+    return jobs
+
+
+def _run(argv: list[str], env: Mapping[str, str] | None) -> tuple[int, str, str]:
+    """Run a client command: (returncode, stdout, stderr); 127 when missing, 124 on timeout."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                              env=dict(env) if env is not None else None,
+                              timeout=COMMAND_TIMEOUT_S)
+    except FileNotFoundError:
+        return 127, "", f"{argv[0]}: command not found"
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{argv[0]} did not answer within {COMMAND_TIMEOUT_S:.0f} s"
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def squeue(job_ids: list[str], env: Mapping[str, str] | None = None
+           ) -> tuple[dict[str, JobInfo], bool]:
+    """Live jobs among `job_ids` (one call) and whether squeue answered at all."""
+    if not job_ids:
+        return {}, True
+    fmt = ",".join(f"{name}:|" for name in _SQUEUE_FIELDS)
+    rc, out, err = _run(["squeue", "--noheader", f"--jobs={','.join(job_ids)}", f"--Format={fmt}"],
+                        env)
+    if rc != 0:
+        # A single id that the controller has forgotten is an error for squeue, not "no jobs".
+        if "Invalid job id" in err:
+            return {}, True
+        return {}, False
+    wanted = set(job_ids)
+    return {k: v for k, v in parse_squeue(out).items() if k in wanted}, True
+
+
+def sacct(job_ids: list[str], env: Mapping[str, str] | None = None
+          ) -> tuple[dict[str, JobInfo], bool, str]:
+    """Accounting records of `job_ids` (one call): (jobs, accounting available, why not)."""
+    global _accounting
+    if not job_ids:
+        return {}, True, ""
+    rc, out, err = _run([
+        "sacct", "--noheader", "--parsable2", "--duplicates", f"--jobs={','.join(job_ids)}",
+        f"--format={','.join(_SACCT_FIELDS)}",
+    ], env)
+    if rc != 0:
+        reason = _first_line(err) or f"sacct exited with {rc}"
+        _accounting = (False, reason)
+        return {}, False, reason
+    _accounting = (True, "")
+    wanted = set(job_ids)
+    return {k: v for k, v in parse_sacct(out).items() if k in wanted}, True, ""
+
+
+def query_jobs(job_ids: Iterable[str], env: Mapping[str, str] | None = None) -> JobTable:
+    """State of every job id: one squeue call for all of them, one sacct call for the rest.
+
+    Ids neither command knows come back with state UNKNOWN (source "none"). Where sacct is
+    unavailable (accounting disabled, an error, the command missing) the answer holds what
+    squeue knows and `.accounting_available` is False (see also accounting_status()).
+    """
+    ids = list(dict.fromkeys(str(j).strip() for j in job_ids if str(j).strip()))
+    live, squeue_ok = squeue(ids, env)
+    rest = [j for j in ids if j not in live]
+    ended, available, reason = sacct(rest, env) if rest else ({}, None, "")
+    table = merge(ids, live, squeue_ok, ended)
+    table.accounting_available = available
+    table.accounting_message = reason
+    return table
+
+
+def merge(ids: list[str], live: dict[str, JobInfo], squeue_ok: bool,
+          ended: dict[str, JobInfo]) -> JobTable:
+    """Combine squeue's and sacct's answers (pure: the lag rule lives here, tested on its own)."""
+    table = JobTable()
+    for job_id in ids:
+        if job_id in live:
+            table[job_id] = live[job_id]
+        elif job_id in ended:
+            info = ended[job_id]
+            if squeue_ok and not is_terminal(info.state):
+                info.state = ENDING  # gone from squeue, final record not in sacct yet
+            table[job_id] = info
+        else:
+            table[job_id] = JobInfo(job_id=job_id, state=UNKNOWN, source="none")
+    return table
+
+
+def accounting_status(env: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """(True, "") when sacct answers; else (False, its reason, e.g. "Slurm accounting storage
+    is disabled"). Uses the last sacct call's outcome; asks sacct once when there was none."""
+    if _accounting is None:
+        sacct(["1"], env)
+    assert _accounting is not None
+    return _accounting
+
+
+def wait_for_final(job_id: str, timeout_s: float, poll_s: float = 2.0,
+                   env: Mapping[str, str] | None = None) -> JobInfo:
+    """Poll until sacct gives `job_id` a terminal state; return that record.
+
+    Raises TimeoutError after timeout_s. Without accounting there is no final record to wait
+    for: once squeue no longer shows the job, its JobInfo (state UNKNOWN) comes back at once.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = query_jobs([job_id], env)[str(job_id)]
+        if info.source == "sacct" and is_terminal(info.state):
+            return info
+        if info.source == "none" and _accounting is not None and not _accounting[0]:
+            return info
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"job {job_id} still {info.state} after {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def slurm_env_from(conf: str | os.PathLike[str]) -> dict[str, str]:
+    """The current environment with SLURM_CONF pointing at `conf` (for env= arguments)."""
+    return {**os.environ, "SLURM_CONF": os.fspath(conf)}
