@@ -1,7 +1,7 @@
 """scripts/install-horovod.sh and the Horovod it installs: real build checks, real 2-process runs.
 
 The tests marked `horovod` need Horovod importable in the venv that runs pytest (run
-scripts/install-horovod.sh once; it takes ~6 minutes on 2 cores) and skip with the reason
+scripts/install-horovod.sh once; it takes 3-6 minutes on 2 cores) and skip with the reason
 otherwise. The argument tests run everywhere.
 
 test_second_install_reuses_cached_wheel reinstalls the cached wheel in place (pip
@@ -126,6 +126,17 @@ def test_venv_without_torch_exits_3_and_says_to_install_torch(tmp_path: Path) ->
     assert "torch is not installed" in result.stderr
 
 
+def test_gpu_build_refuses_a_cpu_only_torch() -> None:
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip(f"torch {torch.__version__} is a CUDA build; this checks the CPU-only refusal")
+    result = _run([str(INSTALL_SCRIPT), "--venv", str(VENV), "--gpu"])
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "--gpu needs a CUDA build of torch" in result.stderr
+    assert "building Horovod" not in result.stdout
+
+
 def test_cache_dir_is_keyed_by_horovod_torch_python_and_gpu(tmp_path: Path) -> None:
     import torch
 
@@ -188,7 +199,7 @@ def test_second_install_reuses_cached_wheel() -> None:
     if not wheels:
         pytest.skip(
             f"no cached wheel in {cache_dir}: Horovod was installed some other way; "
-            "run scripts/install-horovod.sh once to fill the cache (a build takes ~6 minutes)"
+            "run scripts/install-horovod.sh once to fill the cache (a build takes 3-6 minutes)"
         )
 
     # Installed and no --force: it must do nothing at all.
