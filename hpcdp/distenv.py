@@ -1,0 +1,761 @@
+"""Launcher environment variables -> one distributed environment (`DistEnv`).
+
+The one place that reads SLURM_*, torchrun's, Open MPI's and horovodrun's variables. `hpcdp env`
+prints what it finds; train/ uses it to set up torch.distributed or Horovod. Pure Python (stdlib
+only, no torch), and every reader takes the environment as a mapping, so that tests pass real
+environments written out as dicts.
+
+Which launcher started us, first match wins:
+
+1. torchrun: TORCHELASTIC_RUN_ID, or RANK + WORLD_SIZE + MASTER_ADDR all set.
+2. horovodrun (Gloo controller): HOROVOD_RANK / HOROVOD_SIZE / HOROVOD_LOCAL_RANK / ... (what
+   horovod/runner/gloo_run.py `create_slot_env_vars` sets for each slot).
+3. Open MPI's mpirun (also horovodrun's MPI controller): OMPI_COMM_WORLD_RANK / SIZE /
+   LOCAL_RANK / LOCAL_SIZE. Under `srun --mpi=pmix` these are not set: that is case 4.
+4. A Slurm task started by srun: SLURM_PROCID inside a job step.
+5. A Slurm batch shell without srun: SLURM_JOB_ID but no job step. Rank 0 of world 1, with
+   `in_step=False`, so that `check_world` can say "run it with srun".
+6. None: a plain single process.
+
+Under any launcher inside a Slurm job, the job id, hosts and (unless MASTER_ADDR is set) the
+master address still come from SLURM_*.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hpcdp.errors import UsageError, one_line
+
+Launcher = Literal["slurm", "torchrun", "mpi", "horovodrun", "none"]
+
+
+class DistEnvError(UsageError, ValueError):
+    """The environment is inconsistent or malformed; the message names the variable and value.
+
+    A UsageError too, so that `hpcdp env` prints it on one line and exits with code 2.
+    """
+
+
+class HostlistError(DistEnvError):
+    """A Slurm hostlist that cannot be expanded; the message quotes the input."""
+
+
+# --------------------------------------------------------------------------------------------
+# Hostlists
+
+# One element of a bracket: "7" or "001-004". Slurm's own parser takes the zero padding from
+# the start of a range ("n[01-3]" -> n01 n02 n03; "n[1-03]" -> n1 n2 n3), so do we.
+_RANGE_RE = re.compile(r"(\d+)(?:-(\d+))?")
+_MAX_RANGE = 64 * 1024  # Slurm's own cap (MAX_RANGE in hostlist.c): a typo, not a cluster
+
+
+def _hostlist_error(text: str, why: str) -> HostlistError:
+    return HostlistError(f"hostlist {one_line(text)!r} is malformed: {why}")
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas and whitespace that are outside brackets; checks bracket balance."""
+    items: list[str] = []
+    depth = 0
+    current: list[str] = []
+    for char in text:
+        if char == "[":
+            if depth:
+                raise _hostlist_error(text, "nested '['")
+            depth = 1
+        elif char == "]":
+            if not depth:
+                raise _hostlist_error(text, "']' without '['")
+            depth = 0
+        elif depth == 0 and (char == "," or char.isspace()):
+            if current:
+                items.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    if depth:
+        raise _hostlist_error(text, "'[' without ']'")
+    if current:
+        items.append("".join(current))
+    return items
+
+
+def _expand_bracket(body: str, text: str) -> list[str]:
+    """'001-003,010' -> ['001', '002', '003', '010'], keeping the width of each range's start."""
+    out: list[str] = []
+    for part in body.split(","):
+        if not part.strip():
+            raise _hostlist_error(text, "an empty range inside '[...]'")
+        match = _RANGE_RE.fullmatch(part.strip())
+        if not match:
+            raise _hostlist_error(text, f"range {part!r} is not N or N-M with digits")
+        start_text, end_text = match.group(1), match.group(2)
+        start = int(start_text)
+        end = int(end_text) if end_text is not None else start
+        if end < start:
+            raise _hostlist_error(text, f"range {part!r} runs backwards")
+        if end - start >= _MAX_RANGE:
+            raise _hostlist_error(text, f"range {part!r} holds more than {_MAX_RANGE} hosts")
+        width = len(start_text)
+        out.extend(str(i).zfill(width) for i in range(start, end + 1))
+    return out
+
+
+def _expand_item(item: str, text: str) -> list[str]:
+    """'rack[0-1]-n[01-02]' -> rack0-n01 rack0-n02 rack1-n01 rack1-n02: the last bracket
+    varies fastest, the order of `scontrol show hostnames`."""
+    # Brackets are balanced and flat here, so split gives literal, body, literal, body, ...
+    pieces = re.split(r"\[([^\]]*)\]", item)
+    names = [pieces[0]]
+    for body, literal in zip(pieces[1::2], pieces[2::2]):
+        values = _expand_bracket(body, text)
+        names = [name + value + literal for name in names for value in values]
+    return names
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Expand a Slurm hostlist into host names, in order, duplicates kept (like scontrol).
+
+    Comma or whitespace separated names; each may hold bracket groups of numbers and ranges,
+    zero padding kept: `node[001-004,010]`, `a[1-2]b[3-4]`, `n[1-3]-ib`, `rack[0-1]-n[01-02]`.
+    Malformed input raises HostlistError naming it; never returns an empty list.
+    """
+    if not isinstance(text, str):
+        raise HostlistError(f"hostlist must be a string, not {type(text).__name__}")
+    items = _split_top_level(text)
+    if not items:
+        raise _hostlist_error(text, "it names no host")
+    hosts: list[str] = []
+    for item in items:
+        hosts.extend(_expand_item(item, text))
+    return hosts
+
+
+# --------------------------------------------------------------------------------------------
+# Master port
+
+# Ports derived from job ids stay in [20000, 32767]: below Linux's default ephemeral range
+# (net.ipv4.ip_local_port_range = 32768-60999), from which the kernel picks the source ports of
+# outgoing connections (a port there may be taken by any client at any moment), and above most
+# well-known service ports. Consecutive job ids get consecutive ports, so two jobs sharing a
+# node collide only when their ids differ by a multiple of 12768.
+PORT_RANGE_START = 20000
+PORT_RANGE_END = 32767
+DEFAULT_MASTER_PORT = 29500  # torch's own default, for runs outside any job
+_JOB_ID_RE = re.compile(r"(\d+)(?:([_+])(\d+))?")
+_ARRAY_TASK_STRIDE = 7919  # a prime: array tasks of one job spread over the range
+
+
+def master_port_for_job(job_id: str | int | None) -> int:
+    """A port from the job id, the same on every node of the job; None -> 29500.
+
+    `123+0` (a heterogeneous job component) maps like `123`: every component of the job must
+    agree on one rendezvous port. `123_4` (array task 4 of job 123) gets its own port, since
+    array tasks may share a node.
+    """
+    if job_id is None:
+        return DEFAULT_MASTER_PORT
+    if isinstance(job_id, bool) or not isinstance(job_id, (int, str)):
+        raise DistEnvError(f"job id {job_id!r} must be a number like 123, 123_4 or 123+0")
+    match = _JOB_ID_RE.fullmatch(str(job_id).strip())
+    if not match:
+        raise DistEnvError(
+            f"job id {one_line(str(job_id))!r} is not a Slurm job id; "
+            "expected digits like 123, 123_4 (array task) or 123+0 (heterogeneous component)"
+        )
+    key = int(match.group(1))
+    if match.group(2) == "_":
+        key += (int(match.group(3)) + 1) * _ARRAY_TASK_STRIDE
+    span = PORT_RANGE_END - PORT_RANGE_START + 1
+    return PORT_RANGE_START + key % span
+
+
+# --------------------------------------------------------------------------------------------
+# The environment
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job: ranks, sizes, rendezvous and hosts."""
+
+    launcher: Launcher
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    """Host of rank 0 for torch's rendezvous; "" when no launcher variable tells it."""
+    master_port: int
+    hosts: tuple[str, ...] = ()
+    """Every node of the job (expanded SLURM_JOB_NODELIST); empty outside Slurm."""
+    job_id: str | None = None
+    restart_count: int = 0
+    """Times the job was requeued (SLURM_RESTART_COUNT) or torchrun restarted the workers."""
+    cpus_per_task: int | None = None
+    network_interface: str | None = None
+    """NCCL_SOCKET_IFNAME syntax (e.g. ib0, ^lo,docker); None: let NCCL/Gloo pick."""
+    in_step: bool = True
+    """False in a Slurm batch shell that was not started by srun: only rank 0 of 1 runs."""
+    tasks_per_node: tuple[int, ...] = ()
+    """Tasks on each node of the step, by node rank (SLURM_TASKS_PER_NODE, expanded)."""
+    job_num_tasks: int | None = None
+    """Tasks the Slurm job asked for (SLURM_NTASKS), also in a batch shell without srun."""
+    master_addr_source: str = "default"
+    """Where master_addr came from, e.g. "MASTER_ADDR (set in the environment)"."""
+    master_port_source: str = "default"
+
+    # ---- views -------------------------------------------------------------------------------
+
+    def device_index(self, visible_devices: int) -> int:
+        """The device this process drives: local_rank modulo the devices it can see.
+
+        Under `--gpus-per-task=1` (or `--gpu-bind`) every task sees a single GPU, index 0,
+        so using LOCAL_RANK as the index would fail on all tasks but the first.
+        """
+        if visible_devices <= 0:
+            return 0
+        return self.local_rank % visible_devices
+
+    def torch_env(self) -> dict[str, str]:
+        """The variables torch.distributed's env:// rendezvous reads (and torchrun would set)."""
+        if not self.master_addr:
+            raise DistEnvError(
+                f"no master address for torch's rendezvous ({self.master_addr_source}); "
+                "export MASTER_ADDR=<host of rank 0>"
+            )
+        env = {
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "NODE_RANK": str(self.node_rank),
+        }
+        if self.network_interface:
+            env["NCCL_SOCKET_IFNAME"] = self.network_interface
+            gloo = _gloo_ifname(self.network_interface)
+            if gloo:
+                env["GLOO_SOCKET_IFNAME"] = gloo
+        return env
+
+    def horovod_view(self) -> dict[str, int]:
+        """rank, size, local_rank, local_size, cross_rank, cross_size in Horovod's terms.
+
+        Horovod's cross communicator joins the processes with the same local rank, one per
+        node: with uneven nodes (`3,2`) local rank 2 exists on one node only.
+        """
+        if self.tasks_per_node:
+            holders = [n for n, count in enumerate(self.tasks_per_node) if count > self.local_rank]
+            cross_size = len(holders)
+            cross_rank = holders.index(self.node_rank) if self.node_rank in holders else 0
+        else:
+            cross_rank, cross_size = self.node_rank, self.num_nodes
+        return {
+            "rank": self.rank,
+            "size": self.world_size,
+            "local_rank": self.local_rank,
+            "local_size": self.local_world_size,
+            "cross_rank": cross_rank,
+            "cross_size": cross_size,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values (tuples become lists)."""
+        out = dataclasses.asdict(self)
+        for key, value in out.items():
+            if isinstance(value, tuple):
+                out[key] = list(value)
+        return out
+
+    def describe(self) -> str:
+        """Human text, one `key: value` per line."""
+        lines = []
+        for key, value in self.as_dict().items():
+            if key == "hosts":
+                value = _short_list(value)
+            elif isinstance(value, list):
+                value = ",".join(map(str, value)) or "-"
+            elif value is None:
+                value = "-"
+            lines.append(f"{key}: {value}")
+        return "\n".join(lines)
+
+
+def _short_list(hosts: list[str], keep: int = 8) -> str:
+    if not hosts:
+        return "-"
+    if len(hosts) <= keep:
+        return ",".join(hosts)
+    return ",".join(hosts[:keep]) + f",... ({len(hosts)} hosts)"
+
+
+def _gloo_ifname(nccl_ifname: str) -> str | None:
+    """Gloo takes plain interface names; NCCL's `^exclude` lists have no Gloo equivalent."""
+    if nccl_ifname.startswith("^"):
+        return None
+    return nccl_ifname.lstrip("=") or None
+
+
+# --------------------------------------------------------------------------------------------
+# Reading variables
+
+
+def _int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
+    """The variable as an int, None when unset or empty; DistEnvError naming it when malformed."""
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise DistEnvError(f"{name}={one_line(raw)!r} is not a whole number") from None
+    if value < minimum:
+        raise DistEnvError(f"{name}={raw.strip()} must be >= {minimum}")
+    return value
+
+
+def _first_int(environ: Mapping[str, str], names: tuple[str, ...], minimum: int = 0) -> int | None:
+    for name in names:
+        value = _int(environ, name, minimum)
+        if value is not None:
+            return value
+    return None
+
+
+def _need(value: int | None, names: str, launcher: str) -> int:
+    if value is None:
+        raise DistEnvError(f"{launcher} environment without {names}")
+    return value
+
+
+_TASKS_RE = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+
+
+def parse_tasks_per_node(text: str, name: str = "SLURM_TASKS_PER_NODE") -> list[int]:
+    """Slurm's compressed per-node counts: `2(x3)` -> [2, 2, 2]; `2(x2),1` -> [2, 2, 1]."""
+    counts: list[int] = []
+    for part in text.strip().split(","):
+        match = _TASKS_RE.fullmatch(part.strip())
+        if not match:
+            raise DistEnvError(
+                f"{name}={one_line(text)!r} is malformed; expected counts like 4, 2(x3) or 3,1"
+            )
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def _hosts_from(environ: Mapping[str, str], name: str) -> list[str]:
+    try:
+        return expand_hostlist(environ[name])
+    except HostlistError as exc:
+        raise HostlistError(f"{name}: {exc}") from None
+
+
+class _SlurmJob:
+    """What every process of a Slurm job can read, whichever launcher started it."""
+
+    def __init__(self, environ: Mapping[str, str], step_nodes: bool) -> None:
+        self.job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or None
+        self.restart_count = _int(environ, "SLURM_RESTART_COUNT") or 0
+        self.cpus_per_task = _int(environ, "SLURM_CPUS_PER_TASK", minimum=1)
+        self.num_tasks = _first_int(environ, ("SLURM_NTASKS", "SLURM_NPROCS"), minimum=1)
+        self.het_size = _int(environ, "SLURM_HET_SIZE", minimum=1)
+        # An srun task belongs to its step, whose nodes may be fewer than the job's. Processes
+        # that mpirun or torchrun started see the SLURM_STEP_* of the launcher's own step
+        # (mpirun's daemons), which says nothing about the ranks: they take the job's nodes.
+        names = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+        if step_nodes:
+            names = ("SLURM_STEP_NODELIST",) + names
+        self.hosts: list[str] = []
+        self.hosts_from = ""
+        for name in names:
+            if environ.get(name, "").strip():
+                self.hosts = _hosts_from(environ, name)
+                self.hosts_from = name
+                break
+        # Heterogeneous jobs: the rendezvous belongs to component 0, and the job's hosts are
+        # the union of its components'.
+        self.het_master_host: str | None = None
+        if self.het_size or "SLURM_JOB_NODELIST_HET_GROUP_0" in environ:
+            groups: list[str] = []
+            index = 0
+            while environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{index}", "").strip():
+                groups.extend(_hosts_from(environ, f"SLURM_JOB_NODELIST_HET_GROUP_{index}"))
+                index += 1
+            if groups:
+                self.het_master_host = groups[0]
+                if self.hosts_from != "SLURM_STEP_NODELIST":
+                    self.hosts = list(dict.fromkeys(groups))
+                    self.hosts_from = "SLURM_JOB_NODELIST_HET_GROUP_*"
+
+    @property
+    def present(self) -> bool:
+        return self.job_id is not None
+
+
+# Step ids Slurm reserves for the batch shell, the extern step and interactive steps
+# (SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP in slurm.h).
+_SPECIAL_STEP_IDS = {4294967291, 4294967292, 4294967290}
+
+
+def _in_slurm_step(environ: Mapping[str, str]) -> bool:
+    """True in a task started by srun; False in a batch or salloc shell.
+
+    Checked on Slurm 22.05: sbatch's shell has SLURM_PROCID=0, SLURM_LOCALID=0 and
+    SLURM_NODEID=0 too, so SLURM_PROCID alone does not mean srun. srun sets SLURM_STEP_ID (and
+    the older SLURM_STEPID) in every task; the shells have neither. An environment with
+    SLURM_PROCID but no step id that is not marked ENVIRONMENT=BATCH (hand-made, or from a
+    tool that copies only the rank variables) counts as a step.
+    """
+    step = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
+    if step is not None:
+        return step.strip() not in {str(i) for i in _SPECIAL_STEP_IDS} | {"batch", "extern"}
+    return "SLURM_PROCID" in environ and environ.get("ENVIRONMENT") != "BATCH"
+
+
+def _master(environ: Mapping[str, str], slurm: _SlurmJob, fallback: str = "",
+            fallback_source: str = "no launcher variable names rank 0's host") -> tuple[str, str]:
+    if environ.get("MASTER_ADDR", "").strip():
+        return environ["MASTER_ADDR"].strip(), "MASTER_ADDR (set in the environment)"
+    if slurm.het_master_host:
+        return slurm.het_master_host, "first host of SLURM_JOB_NODELIST_HET_GROUP_0"
+    if slurm.hosts:
+        return slurm.hosts[0], f"first host of {slurm.hosts_from}"
+    return fallback, fallback_source
+
+
+def _port(environ: Mapping[str, str], slurm: _SlurmJob) -> tuple[int, str]:
+    port = _int(environ, "MASTER_PORT", minimum=1)
+    if port is not None:
+        if port > 65535:
+            raise DistEnvError(f"MASTER_PORT={port} is not a TCP port (1-65535)")
+        return port, "MASTER_PORT (set in the environment)"
+    if slurm.job_id is not None:
+        return master_port_for_job(slurm.job_id), f"derived from SLURM_JOB_ID={slurm.job_id}"
+    return DEFAULT_MASTER_PORT, "default (no job id)"
+
+
+def _interface(environ: Mapping[str, str]) -> str | None:
+    for name in ("HPCDP_NETWORK_INTERFACE", "NCCL_SOCKET_IFNAME"):
+        value = environ.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_ranges(env: DistEnv, names: dict[str, str]) -> DistEnv:
+    """Ranks inside their sizes; names maps field -> the variable it came from."""
+    pairs = (("rank", "world_size"), ("local_rank", "local_world_size"),
+             ("node_rank", "num_nodes"))
+    for index, size in pairs:
+        i, n = getattr(env, index), getattr(env, size)
+        if n < 1 or not 0 <= i < n:
+            raise DistEnvError(
+                f"{names.get(index, index)}={i} is outside {names.get(size, size)}={n} "
+                f"(launcher {env.launcher})"
+            )
+    return env
+
+
+# --------------------------------------------------------------------------------------------
+# Detection
+
+
+def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
+    """The distributed environment of this process, read from `environ` (default os.environ)."""
+    if environ is None:
+        environ = os.environ
+    if "TORCHELASTIC_RUN_ID" in environ or all(
+        environ.get(k, "").strip() for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+    ):
+        build = _from_torchrun
+    elif "HOROVOD_RANK" in environ:
+        build = _from_horovodrun
+    elif "OMPI_COMM_WORLD_RANK" in environ:
+        build = _from_open_mpi
+    elif "SLURM_JOB_ID" in environ or "SLURM_JOBID" in environ:
+        build = _from_slurm_task if _in_slurm_step(environ) else _from_slurm_batch_shell
+    else:
+        build = _single_process
+    slurm = _SlurmJob(environ, step_nodes=build is _from_slurm_task)
+    common: dict[str, Any] = dict(
+        hosts=tuple(slurm.hosts),
+        job_id=slurm.job_id,
+        restart_count=slurm.restart_count,
+        cpus_per_task=slurm.cpus_per_task,
+        network_interface=_interface(environ),
+        job_num_tasks=slurm.num_tasks,
+    )
+    return build(environ, slurm, common)
+
+
+def _single_process(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) -> DistEnv:
+    addr, addr_source = _master(environ, slurm, "127.0.0.1", "single process")
+    port, port_source = _port(environ, slurm)
+    return DistEnv(
+        launcher="none", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+        num_nodes=1, master_addr=addr, master_port=port, master_addr_source=addr_source,
+        master_port_source=port_source, tasks_per_node=(1,), **common,
+    )
+
+
+def _from_torchrun(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) -> DistEnv:
+    rank = _need(_int(environ, "RANK"), "RANK", "torchrun")
+    world = _need(_int(environ, "WORLD_SIZE", 1), "WORLD_SIZE", "torchrun")
+    local_rank = _int(environ, "LOCAL_RANK")
+    local_world = _int(environ, "LOCAL_WORLD_SIZE", 1)
+    if local_rank is None:
+        local_rank = rank if local_world is None else rank % local_world
+    if local_world is None:
+        local_world = world
+    node_rank = _first_int(environ, ("GROUP_RANK", "NODE_RANK"))
+    if node_rank is None:
+        node_rank = rank // local_world
+    num_nodes = _int(environ, "GROUP_WORLD_SIZE", 1) or _ceil_div(world, local_world)
+    addr, addr_source = _master(environ, slurm)
+    if environ.get("MASTER_ADDR", "").strip():
+        addr_source = "MASTER_ADDR (set by torchrun)"
+    port, port_source = _port(environ, slurm)
+    if slurm.present:
+        restarts = slurm.restart_count
+    else:
+        restarts = _int(environ, "TORCHELASTIC_RESTART_COUNT") or 0
+    common = {**common, "restart_count": restarts}
+    env = DistEnv(
+        launcher="torchrun", rank=rank, local_rank=local_rank, world_size=world,
+        local_world_size=local_world, node_rank=node_rank, num_nodes=num_nodes,
+        master_addr=addr, master_port=port, master_addr_source=addr_source,
+        master_port_source=port_source, tasks_per_node=(), **common,
+    )
+    return _check_ranges(env, {"rank": "RANK", "world_size": "WORLD_SIZE",
+                               "local_rank": "LOCAL_RANK", "local_world_size": "LOCAL_WORLD_SIZE",
+                               "node_rank": "GROUP_RANK", "num_nodes": "GROUP_WORLD_SIZE"})
+
+
+def _from_horovodrun(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) -> DistEnv:
+    def need(name: str, minimum: int = 0) -> int:
+        return _need(_int(environ, name, minimum), name, "horovodrun")
+
+    rank, size = need("HOROVOD_RANK"), need("HOROVOD_SIZE", 1)
+    local_rank, local_size = need("HOROVOD_LOCAL_RANK"), need("HOROVOD_LOCAL_SIZE", 1)
+    cross_rank = _int(environ, "HOROVOD_CROSS_RANK")
+    cross_size = _int(environ, "HOROVOD_CROSS_SIZE", 1)
+    # Horovod's cross rank is the node index among nodes holding this local rank: the node
+    # index itself when every node runs the same number of processes.
+    node_rank = cross_rank if cross_rank is not None else rank // local_size
+    num_nodes = cross_size if cross_size is not None else _ceil_div(size, local_size)
+    if num_nodes == 1:
+        fallback, fallback_source = "127.0.0.1", "single node (HOROVOD_CROSS_SIZE=1)"
+    else:
+        # The rendezvous server runs where horovodrun runs, normally the first host of -H.
+        fallback = environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "").strip()
+        fallback_source = ("HOROVOD_GLOO_RENDEZVOUS_ADDR (horovodrun's host)" if fallback
+                           else "no launcher variable names rank 0's host")
+    addr, addr_source = _master(environ, slurm, fallback, fallback_source)
+    port, port_source = _port(environ, slurm)
+    env = DistEnv(
+        launcher="horovodrun", rank=rank, local_rank=local_rank, world_size=size,
+        local_world_size=local_size, node_rank=node_rank, num_nodes=num_nodes,
+        master_addr=addr, master_port=port, master_addr_source=addr_source,
+        master_port_source=port_source, **common,
+    )
+    return _check_ranges(env, {"rank": "HOROVOD_RANK", "world_size": "HOROVOD_SIZE",
+                               "local_rank": "HOROVOD_LOCAL_RANK",
+                               "local_world_size": "HOROVOD_LOCAL_SIZE",
+                               "node_rank": "HOROVOD_CROSS_RANK",
+                               "num_nodes": "HOROVOD_CROSS_SIZE"})
+
+
+def _from_open_mpi(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) -> DistEnv:
+    def need(name: str, minimum: int = 0) -> int:
+        return _need(_int(environ, name, minimum), name, "Open MPI")
+
+    rank, size = need("OMPI_COMM_WORLD_RANK"), need("OMPI_COMM_WORLD_SIZE", 1)
+    local_rank = need("OMPI_COMM_WORLD_LOCAL_RANK")
+    local_size = need("OMPI_COMM_WORLD_LOCAL_SIZE", 1)
+    # mpirun maps by slot by default: ranks fill a node before the next. (SLURM_PROCID and
+    # SLURM_NODEID are no help: they number mpirun's daemons, one per node, not the ranks.)
+    node_rank = rank // local_size
+    num_nodes = (_int(environ, "OMPI_MCA_orte_num_nodes", 1)
+                 or (len(slurm.hosts) if slurm.hosts else None)
+                 or _ceil_div(size, local_size))
+    num_nodes = max(num_nodes, node_rank + 1)
+    if num_nodes == 1:
+        fallback, fallback_source = "127.0.0.1", "single node"
+    else:
+        fallback, fallback_source = "", "no launcher variable names rank 0's host"
+    addr, addr_source = _master(environ, slurm, fallback, fallback_source)
+    port, port_source = _port(environ, slurm)
+    env = DistEnv(
+        launcher="mpi", rank=rank, local_rank=local_rank, world_size=size,
+        local_world_size=local_size, node_rank=node_rank, num_nodes=num_nodes,
+        master_addr=addr, master_port=port, master_addr_source=addr_source,
+        master_port_source=port_source, **common,
+    )
+    return _check_ranges(env, {"rank": "OMPI_COMM_WORLD_RANK",
+                               "world_size": "OMPI_COMM_WORLD_SIZE",
+                               "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK",
+                               "local_world_size": "OMPI_COMM_WORLD_LOCAL_SIZE"})
+
+
+def _from_slurm_task(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) -> DistEnv:
+    rank = _need(_int(environ, "SLURM_PROCID"), "SLURM_PROCID", "Slurm task")
+    local_rank = _need(_int(environ, "SLURM_LOCALID"), "SLURM_LOCALID", "Slurm task")
+    node_rank = _need(_int(environ, "SLURM_NODEID"), "SLURM_NODEID", "Slurm task")
+    # srun sets the step's own counts; the SLURM_STEP_* names are unambiguous about it.
+    world_name = next((n for n in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+                       if _int(environ, n) is not None), None)
+    world = _need(_int(environ, world_name, 1) if world_name else None,
+                  "SLURM_NTASKS (or SLURM_NPROCS)", "Slurm task")
+    nodes_name = next((n for n in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+                       if _int(environ, n) is not None), None)
+    num_nodes = (_int(environ, nodes_name, 1) if nodes_name else None) or len(slurm.hosts) or 1
+    layout_name = next((n for n in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+                        if environ.get(n, "").strip()), None)
+    if layout_name:
+        layout = parse_tasks_per_node(environ[layout_name], layout_name)
+        if node_rank >= len(layout):
+            raise DistEnvError(
+                f"SLURM_NODEID={node_rank} has no entry in {layout_name}={environ[layout_name]!r}"
+            )
+        local_world = layout[node_rank]
+    else:
+        per_node = _int(environ, "SLURM_NTASKS_PER_NODE", 1)
+        local_world = per_node or _ceil_div(world, num_nodes)
+        layout = [local_world] * num_nodes
+    if slurm.het_size:
+        # A heterogeneous step numbers its tasks across all components.
+        het_total = sum(_int(environ, f"SLURM_NTASKS_HET_GROUP_{i}", 1) or 0
+                        for i in range(slurm.het_size))
+        world = max(world, het_total)
+    addr, addr_source = _master(environ, slurm)
+    port, port_source = _port(environ, slurm)
+    env = DistEnv(
+        launcher="slurm", rank=rank, local_rank=local_rank, world_size=world,
+        local_world_size=local_world, node_rank=node_rank, num_nodes=num_nodes,
+        master_addr=addr, master_port=port, master_addr_source=addr_source,
+        master_port_source=port_source, tasks_per_node=tuple(layout), **common,
+    )
+    return _check_ranges(env, {"rank": "SLURM_PROCID", "world_size": world_name or "SLURM_NTASKS",
+                               "local_rank": "SLURM_LOCALID",
+                               "local_world_size": f"tasks on this node ({layout_name})",
+                               "node_rank": "SLURM_NODEID",
+                               "num_nodes": nodes_name or "SLURM_JOB_NUM_NODES"})
+
+
+def _from_slurm_batch_shell(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) -> DistEnv:
+    addr, addr_source = _master(environ, slurm)
+    port, port_source = _port(environ, slurm)
+    return DistEnv(
+        launcher="slurm", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+        num_nodes=1, master_addr=addr or "127.0.0.1", master_port=port,
+        master_addr_source=addr_source if addr else "single process",
+        master_port_source=port_source, in_step=False, tasks_per_node=(1,), **common,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Checks that fail fast instead of hanging
+
+
+def _short(name: str) -> str:
+    return name.strip().lower().split(".")[0]
+
+
+def _addresses(name: str) -> set[str]:
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(name, None)}
+    except (socket.gaierror, UnicodeError, OSError):
+        return set()
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def check_master_is_rank0_node(env: DistEnv, hostname: str) -> None:
+    """On rank 0: fail fast when master_addr is not this host (the rendezvous would hang).
+
+    Equal short names pass; so does a master address that resolves to one of this host's
+    addresses, or to a loopback address in a single-node job. `localhost` in a multi-node job
+    fails (pain point 2). Other ranks return at once.
+    """
+    if env.rank != 0 or (env.world_size == 1 and not env.master_addr):
+        return
+    master = env.master_addr
+    if not master:
+        raise DistEnvError(f"rank 0 on {hostname!r} has no master address to listen on")
+    if _short(master) == _short(hostname):
+        return
+    master_addrs = _addresses(master)
+    # "localhost" is a different machine on every node, even where this host's name maps to
+    # 127.0.0.1 too. (Other 127.x addresses can name real nodes, as on the local test cluster
+    # where node2 is 127.0.100.2: those are compared like any address.)
+    if env.num_nodes > 1 and (_short(master) == "localhost" or master_addrs & {"127.0.0.1", "::1"}):
+        raise DistEnvError(
+            f"MASTER_ADDR {master!r} is a loopback address but the job spans {env.num_nodes} "
+            f"nodes; other nodes cannot reach rank 0 on {hostname!r} there "
+            f"(master from {env.master_addr_source})"
+        )
+    if master_addrs & (_addresses(hostname) | {hostname}):
+        return
+    if env.num_nodes == 1 and master_addrs and all(_is_loopback(a) for a in master_addrs):
+        return  # on one node every loopback address reaches this machine
+    raise DistEnvError(
+        f"rank 0 runs on {hostname!r} but MASTER_ADDR is {master!r} "
+        f"(from {env.master_addr_source}); the rendezvous would hang. "
+        "Unset MASTER_ADDR to use the job's first node, or start rank 0 there"
+    )
+
+
+def check_world(env: DistEnv, expected_world_size: int | None,
+                expected_tasks_per_node: int | None) -> None:
+    """Fail fast when the processes started are not the ones the job asked for."""
+    asked = expected_world_size
+    if asked is None and not env.in_step and env.job_num_tasks and env.job_num_tasks > 1:
+        asked = env.job_num_tasks
+    if asked is not None and env.world_size != asked:
+        plural = "process" if env.world_size == 1 else "processes"
+        if not env.in_step:
+            fix = "run it with srun inside the allocation (the rendered script does)"
+        elif env.launcher == "slurm":
+            fix = f"start it with srun --ntasks={asked} (the rendered script does)"
+        else:
+            fix = f"start {asked} processes with {env.launcher}"
+        raise DistEnvError(
+            f"started with {env.world_size} {plural} but the job asked for {asked}; {fix}"
+        )
+    if expected_tasks_per_node is not None and env.local_world_size != expected_tasks_per_node:
+        layout = ",".join(map(str, env.tasks_per_node)) or str(env.local_world_size)
+        raise DistEnvError(
+            f"node {env.node_rank} runs {env.local_world_size} tasks but the job asked for "
+            f"{expected_tasks_per_node} per node (tasks per node: {layout}); start it with "
+            f"srun --ntasks-per-node={expected_tasks_per_node} (srun -n alone may fill nodes "
+            "unevenly)"
+        )
+
+
+def threads_per_process(env: DistEnv) -> int:
+    """CPU threads each process should use: SLURM_CPUS_PER_TASK, else this node's CPUs shared
+    among its processes; at least 1."""
+    if env.cpus_per_task:
+        return max(1, env.cpus_per_task)
+    return max(1, (os.cpu_count() or 1) // max(1, env.local_world_size))
