@@ -14,6 +14,7 @@ import sys
 
 from hpcdp.errors import UsageError, one_line
 
+INTERRUPTED_EXIT = 143
 _STRATEGIES = "single-gpu, single-ps, distributed-ps, horovod, distributed-ps-apex, horovod-apex"
 
 
@@ -72,9 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"--{flag.replace('_', '-')} {value} must be 1 or more")
         from train.loop import run
 
-        run(exp, args.strategy, args.out, args.resume, expect_world=args.expect_world,
-            expect_tasks_per_node=args.expect_tasks_per_node)
-        return 0
+        summary = run(exp, args.strategy, args.out, args.resume, expect_world=args.expect_world,
+                      expect_tasks_per_node=args.expect_tasks_per_node)
+        # Stopped by SIGTERM/SIGUSR1 after a checkpoint: not finished, as 128 + SIGTERM says.
+        return 0 if summary["status"] == "completed" else INTERRUPTED_EXIT
     except UsageError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code

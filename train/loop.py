@@ -7,10 +7,12 @@ A strategy only wraps (process group, model, optimizer, gradient sync) and preci
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata
 import math
 import os
 import platform
+import signal
 import socket
 import statistics
 import time
@@ -69,7 +71,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     )
     with strategy.optimizer_step_context(optimizer):
         skipped = precision.step(optimizer)
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()  # set_to_none is the default; Horovod's takes no argument
     return StepResult(loss=total, grad_norm=grad_norm, skipped=skipped)
 
 
@@ -265,11 +267,13 @@ def _train(exp: Experiment, spec: registry.Strategy, env: distenv.DistEnv, strat
             })
             metrics.write("checkpoint", step=step, path=str(path))
 
+    stop = StopSignal()
     segment_start = time.perf_counter()
     step_times: list[float] = []
     last_loss: float | None = None
     last_val: float | None = None
     step = start_step
+    interrupted = False
     while step < cfg.steps:
         t0 = time.perf_counter()
         lr = lr_at(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps,
@@ -300,22 +304,84 @@ def _train(exp: Experiment, spec: registry.Strategy, env: distenv.DistEnv, strat
             last_val = evaluate(model, data, exp, strategy, precision, batch_size)
             metrics.write("eval", step=step, val_loss=last_val)
             log(f"train: step {step} val_loss {last_val:.4f}")
-        if step == cfg.steps or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0):
+        stopping = step < cfg.steps and stop.agreed(strategy, device)
+        if (step == cfg.steps or stopping
+                or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)):
             save(step)
+        if stopping:
+            log(f"train: {stop.name} received: stopped after step {step} with a checkpoint; "
+                "run again with --resume to continue")
+            interrupted = True
+            break
+    stop.restore()
 
     if step == start_step:
         log(f"train: nothing to do, the run already reached step {cfg.steps}")
+    digest, identical = replica_check(raw_model, strategy, device)
+    if not identical:
+        log("train: WARNING: model replicas differ across ranks at the end")
     timed = step_times[cfg.warmup_log_steps:] or step_times
     summary = {
-        "status": "completed", "steps": step, "final_loss": last_loss,
-        "final_val_loss": last_val, "elapsed_s": time.perf_counter() - segment_start,
+        "status": "interrupted" if interrupted else "completed", "steps": step,
+        "final_loss": last_loss, "final_val_loss": last_val,
+        "elapsed_s": time.perf_counter() - segment_start,
         "tokens_per_s_median": tokens_per_step / statistics.median(timed) if timed else None,
         "step_time_s_median": statistics.median(timed) if timed else None,
+        "params_sha256": digest, "replicas_identical": identical,
     }
     metrics.write("summary", **summary)
     metrics.close()
     strategy.barrier()
     return summary
+
+
+class StopSignal:
+    """SIGTERM / SIGUSR1 (Slurm's warning before a time limit or preemption) -> stop cleanly.
+
+    The handler only sets a flag; after each step the ranks agree (any rank signalled -> all
+    stop at the same step), save a checkpoint and leave, so a requeued job resumes there.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self._previous: dict[int, Any] = {}
+        for sig in self.SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. run() called from a thread)
+                pass
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.name = signal.Signals(signum).name
+
+    def agreed(self, strategy: Strategy, device: torch.device) -> bool:
+        if strategy.world_size == 1:
+            return self.name is not None
+        flag = torch.tensor(1.0 if self.name else 0.0, device=device)
+        if strategy.mean(flag).item() > 0:
+            self.name = self.name or "stop signal (on another rank)"
+            return True
+        return False
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+
+def replica_check(model: torch.nn.Module, strategy: Strategy,
+                  device: torch.device) -> tuple[str, bool]:
+    """sha256 of the parameters, and whether every rank holds bit-identical ones."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    mine = digest.hexdigest()
+    if strategy.world_size == 1:
+        return mine, True
+    differs = torch.tensor(0.0 if strategy.broadcast_object(mine) == mine else 1.0, device=device)
+    return mine, strategy.mean(differs).item() == 0.0
 
 
 def _check_compatible(saved: dict, exp: Experiment, path: str) -> None:
