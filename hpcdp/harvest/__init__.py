@@ -82,8 +82,12 @@ def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
 
 
 def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm: bool = True,
-            env: Mapping[str, str] | None = None) -> Harvest:
-    """Read every run under `paths`, ask Slurm once for all their jobs, fill the comparison."""
+            env: Mapping[str, str] | None = None, now: float | None = None) -> Harvest:
+    """Read every run under `paths`, ask Slurm once for all their jobs, fill the comparison.
+
+    now: the time at which runs without Slurm's word are judged (RUNNING-by-log while their
+    last record is recent); default: the current time.
+    """
     run_dirs = find_run_dirs([Path(p) for p in paths])
     logs = []
     for run_dir in run_dirs:
@@ -110,7 +114,7 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
             r.restarts = max(r.restarts, info.restarts or 0)
             r.max_rss = info.max_rss
         else:
-            r.state = state_from_log(r, log)
+            r.state = state_from_log(r, log, now)
         # Logs of every job that wrote this run (a requeue keeps the id; a resubmission not).
         jobs = [str(s.header["slurm_job_id"]) for s in log.segments
                 if s.header.get("slurm_job_id") not in (None, "")]
@@ -130,13 +134,13 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
 
 
 def harvest(paths: list[Path], target_loss: float | None = None, *, query_slurm: bool = True,
-            env: Mapping[str, str] | None = None) -> list[RunResult]:
+            env: Mapping[str, str] | None = None, now: float | None = None) -> list[RunResult]:
     """One RunResult per run directory under `paths` (run dirs or roots searched recursively).
 
     target_loss: loss for "time to target"; None: the highest final loss among the runs.
     query_slurm: ask squeue/sacct (once for all runs) for job states; False: metrics only.
     """
-    return collect(paths, target_loss, query_slurm=query_slurm, env=env).runs
+    return collect(paths, target_loss, query_slurm=query_slurm, env=env, now=now).runs
 
 
 def render(result: Harvest, fmt: str) -> str:

@@ -1,0 +1,346 @@
+"""hpcdp harvest on HAND-WRITTEN metrics files: the arithmetic of every column, the outputs, the
+CLI's errors. Files written by real runs of `python -m train` (a cancelled one, a resumed one,
+cut and corrupted copies) are tested in test_harvest_real.py.
+
+HAND-WRITTEN FIXTURES: `write_run` below writes metrics.jsonl in the schema of
+docs/architecture.md with chosen numbers, so that each expected value can be computed by hand
+(a real CPU run's throughput is noise). Only the fields harvest reads are filled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from hpcdp import harvest
+from hpcdp.errors import UsageError
+from hpcdp.harvest import read
+
+T0 = 1_800_000_000.0  # record times: a fixed epoch, far from "now" unless a test says so
+
+
+def header(strategy: str, nodes: int, world: int, precision: str = "fp32", *,
+           start_step: int = 0, job: str | None = None, restart_count: int = 0,
+           warmup_log_steps: int = 2, steps: int = 10, experiment: str = "exp") -> dict:
+    """HAND-WRITTEN header record (docs/architecture.md), the fields harvest uses."""
+    return {"kind": "header", "time": T0, "strategy": strategy, "precision": precision,
+            "world_size": world, "nodes": nodes, "tasks_per_node": world // nodes,
+            "device": "cpu", "start_step": start_step, "resumed_from": None,
+            "slurm_job_id": job, "restart_count": restart_count, "experiment": experiment,
+            "tokens_per_step": 1000,
+            "config": {"name": experiment, "train": {"steps": steps,
+                                                     "warmup_log_steps": warmup_log_steps}}}
+
+
+def step(n: int, loss: float, tps: float, elapsed: float, *, dt: float | None = None,
+         mem: float | None = None, mfu: float | None = None) -> dict:
+    """HAND-WRITTEN step record."""
+    return {"kind": "step", "time": T0 + elapsed, "step": n, "loss": loss, "lr": 1e-3,
+            "grad_norm": 1.0, "loss_scale": None, "skipped": False,
+            "step_time_s": dt if dt is not None else 1000.0 / tps, "tokens_per_s": tps,
+            "tokens_seen": n * 1000, "elapsed_s": elapsed, "max_mem_gb": mem, "mfu": mfu}
+
+
+def summary(steps: int, loss: float) -> dict:
+    return {"kind": "summary", "time": T0 + 100, "status": "completed", "steps": steps,
+            "final_loss": loss, "final_val_loss": None, "elapsed_s": 10.0,
+            "tokens_per_s_median": None, "step_time_s_median": None}
+
+
+def write_run(path: Path, records: list[dict], tail: str = "") -> Path:
+    """Write HAND-WRITTEN records as metrics.jsonl (+ raw `tail` text, e.g. a cut line)."""
+    path.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in records) + tail
+    (path / "metrics.jsonl").write_text(text)
+    return path
+
+
+def simple_run(path: Path, strategy: str, nodes: int, world: int, tps: float,
+               precision: str = "fp32", losses=(4.0, 3.5, 3.0, 2.5, 2.0), **kw) -> Path:
+    """A finished run: two slow warm-up steps (tps/10), then steady steps at `tps`."""
+    recs = [header(strategy, nodes, world, precision, steps=len(losses), **kw)]
+    elapsed = 0.0
+    for i, loss in enumerate(losses, start=1):
+        rate = tps / 10 if i <= 2 else tps
+        elapsed += 1000.0 / rate
+        recs.append(step(i, loss, rate, elapsed))
+    recs.append({"kind": "eval", "time": T0 + elapsed, "step": len(losses),
+                 "val_loss": losses[-1] + 0.1})
+    recs.append(summary(len(losses), losses[-1]))
+    return write_run(path, recs)
+
+
+def run_one(path: Path, **kw) -> harvest.RunResult:
+    results = harvest.harvest([path], query_slurm=False, **kw)
+    assert len(results) == 1
+    return results[0]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_steady_median_leaves_out_warmup_steps(tmp_path):
+    r = run_one(simple_run(tmp_path / "a", "single-gpu", 1, 1, tps=1000.0))
+    assert r.tokens_per_s == 1000.0  # the two warm-up steps (100 tok/s) are not in the median
+    assert r.step_time_s == pytest.approx(1.0)
+    assert r.steady_steps == 3 and r.steps == 5
+    assert r.state == "COMPLETED-by-log" and r.state_source == "log"
+    assert (r.final_loss, r.final_val_loss) == (2.0, 2.1)
+    assert r.notes == []
+
+
+def test_warmup_log_steps_comes_from_the_header_config(tmp_path):
+    r = run_one(simple_run(tmp_path / "a", "single-gpu", 1, 1, tps=1000.0, warmup_log_steps=0))
+    assert r.steady_steps == 5 and r.tokens_per_s == 1000.0  # median of 100,100,1000,1000,1000
+
+
+def test_requeued_run_two_headers_last_value_per_step(tmp_path):
+    # Segment 1 logs steps 1-4 and dies; segment 2 resumes from a step-2 checkpoint and
+    # redoes 3-4 (new values win) then 5-6. Restarts come from the header's restart_count.
+    recs = [header("distributed-ps", 1, 2, job="77", steps=6),
+            step(1, 5.0, 100, 10), step(2, 4.9, 100, 20), step(3, 9.9, 100, 30),
+            step(4, 9.8, 100, 40),
+            header("distributed-ps", 1, 2, job="77", start_step=2, restart_count=1, steps=6),
+            step(3, 4.8, 500, 2), step(4, 4.7, 500, 4), step(5, 4.6, 500, 6),
+            step(6, 4.5, 500, 8), summary(6, 4.5)]
+    r = run_one(write_run(tmp_path / "rq", recs))
+    assert (r.segments, r.restarts, r.steps) == (2, 1, 6)
+    assert [loss for _, loss in r.loss_by_step] == [5.0, 4.9, 4.8, 4.7, 4.6, 4.5]
+    # Steady: steps > start_step + 2 in each segment: 3,4 of segment 1 were replaced; in
+    # segment 2 (start 2) steps 5 and 6 are steady.
+    assert r.steady_steps == 2 and r.tokens_per_s == 500
+    # Training time continues across segments: segment 1 lasted 40 s.
+    assert [t for t, _ in r.curve] == [10, 20, 42, 44, 46, 48]
+    assert any("requeued/resumed 1x (2 segments)" in n for n in r.notes)
+    assert r.job_id == "77"
+
+
+def test_cancelled_run_without_summary(tmp_path):
+    recs = [header("horovod", 2, 4, steps=10)] + [step(i, 5 - i / 10, 800, i) for i in (1, 2, 3)]
+    path = write_run(tmp_path / "c", recs)
+    r = run_one(path, now=T0 + 3600)  # an hour after the last record
+    assert r.state == "INCOMPLETE"
+    assert "no summary: stopped at step 3 of 10" in r.notes
+    fresh = run_one(path, now=T0 + 10)
+    assert fresh.state == "RUNNING-by-log"
+    assert not any("stopped" in n for n in fresh.notes)
+
+
+def test_cut_last_line_is_reported_not_fatal(tmp_path):
+    recs = [header("single-gpu", 1, 1)] + [step(i, 3.0, 1000, i) for i in (1, 2, 3)]
+    cut = json.dumps(step(4, 2.9, 1000, 4))[:37]
+    r = run_one(write_run(tmp_path / "t", recs, tail=cut), now=T0 + 3600)
+    assert r.truncated and r.corrupt_lines == 0 and r.steps == 3
+    assert "last line cut mid-write" in r.notes
+
+
+def test_corrupt_line_in_the_middle_is_counted(tmp_path):
+    recs = [header("single-gpu", 1, 1)] + [step(i, 3.0, 1000, i) for i in (1, 2, 3)]
+    path = write_run(tmp_path / "x", recs)
+    lines = (path / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines.insert(2, "\x00\x00garbage{not json\n")
+    lines.insert(3, "[1, 2]\n")  # valid JSON, not a record
+    (path / "metrics.jsonl").write_text("".join(lines))
+    r = run_one(path)
+    assert r.corrupt_lines == 2 and not r.truncated and r.steps == 3
+    assert "2 corrupt line(s) skipped" in r.notes
+
+
+def test_cut_line_glued_to_the_next_header_is_recovered(tmp_path):
+    # Killed mid-write, then requeued: the new header lands on the cut line's end.
+    first = [header("single-gpu", 1, 1, job="9"), step(1, 3.0, 1000, 1)]
+    cut = json.dumps(step(2, 2.9, 1000, 2))[:50]
+    second = [header("single-gpu", 1, 1, job="9", restart_count=1, start_step=1),
+              step(2, 2.8, 1000, 1), summary(2, 2.8)]
+    text = "".join(json.dumps(r) + "\n" for r in first) + cut + "".join(
+        json.dumps(r) + "\n" for r in second)
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "metrics.jsonl").write_text(text)
+    log = read.read_metrics(tmp_path / "g" / "metrics.jsonl")
+    assert (log.corrupt_lines, log.recovered_records, len(log.segments)) == (1, 1, 2)
+    assert log.steps[2]["loss"] == 2.8 and log.summary is not None
+
+
+def test_empty_and_headerless_files(tmp_path):
+    write_run(tmp_path / "empty", [])
+    write_run(tmp_path / "nohead", [step(1, 3.0, 1000, 1)])
+    results = {Path(r.run_dir).name: r for r in
+               harvest.harvest([tmp_path], query_slurm=False, now=T0 + 3600)}
+    assert results["empty"].steps == 0 and "no step records" in results["empty"].notes
+    assert results["empty"].state == "INCOMPLETE"
+    assert results["nohead"].steps == 1 and "no header record" in results["nohead"].notes
+
+
+def test_job_id_from_submission_json(tmp_path):
+    path = simple_run(tmp_path / "s", "single-gpu", 1, 1, tps=10.0)
+    (path / "submission.json").write_text(json.dumps({"job_id": "4242", "strategy": "x"}))
+    assert run_one(path).job_id == "4242"
+
+
+def test_slurm_log_traceback_becomes_a_note(tmp_path):
+    import subprocess
+    import sys
+
+    path = simple_run(tmp_path / "f", "single-gpu", 1, 1, tps=10.0)
+    # A real traceback, printed by a real interpreter, as Slurm's log would hold it.
+    proc = subprocess.run([sys.executable, "-c", "def f():\n raise RuntimeError('boom: nccl')\nf()"],
+                          capture_output=True, text=True)
+    (path / "slurm-555.out").write_text("step 1/5 | loss 4.0\n" + proc.stderr)
+    r = run_one(path)
+    assert "slurm-555.out: RuntimeError: boom: nccl" in r.notes
+
+
+def test_slurm_log_error_lines_become_a_note(tmp_path):
+    path = simple_run(tmp_path / "e", "single-gpu", 1, 1, tps=10.0)
+    (path / "slurm-556.out").write_text(
+        "step 1/5\nslurmstepd: error: *** JOB 556 ON node1 CANCELLED AT 2026-11-30T05:15:15 "
+        "DUE TO TIME LIMIT ***\n")
+    (notes,) = [n for n in run_one(path).notes if "error line" in n]
+    assert notes.startswith("1 error line(s) in slurm log, first: slurmstepd: error: *** JOB 556")
+
+
+def test_find_run_dirs_recursive_and_pruned(tmp_path):
+    simple_run(tmp_path / "exp" / "single-gpu-1n", "single-gpu", 1, 1, tps=10.0)
+    simple_run(tmp_path / "exp" / "ddp-2n", "distributed-ps", 2, 4, tps=10.0)
+    (tmp_path / "exp" / "ddp-2n" / "checkpoints").mkdir()
+    (tmp_path / "exp" / "ddp-2n" / "checkpoints" / "metrics.jsonl").write_text("")
+    found = read.find_run_dirs([tmp_path, tmp_path / "exp" / "ddp-2n" / "metrics.jsonl"])
+    assert sorted(p.name for p in found) == ["ddp-2n", "single-gpu-1n"]
+
+
+# --------------------------------------------------------------------------- comparisons
+
+
+@pytest.fixture
+def matrix(tmp_path) -> Path:
+    """HAND-WRITTEN runs of one experiment: throughputs chosen for round ratios."""
+    root = tmp_path / "runs" / "exp"
+    simple_run(root / "single-gpu-1n", "single-gpu", 1, 1, tps=1000.0,
+               losses=(4.0, 3.6, 3.2, 3.0, 2.9))
+    simple_run(root / "distributed-ps-1n", "distributed-ps", 1, 2, tps=1800.0,
+               losses=(4.0, 3.5, 3.0, 2.5, 2.0))
+    simple_run(root / "distributed-ps-2n", "distributed-ps", 2, 4, tps=3000.0,
+               losses=(4.0, 3.4, 2.8, 2.3, 1.9))
+    simple_run(root / "distributed-ps-apex-2n", "distributed-ps-apex", 2, 4, tps=6000.0,
+               precision="fp16", losses=(4.0, 3.4, 2.8, 2.3, 1.9))
+    return tmp_path / "runs"
+
+
+def test_speedup_and_both_efficiencies(matrix):
+    rows = {(r.strategy, r.nodes): r for r in harvest.harvest([matrix], query_slurm=False)}
+    assert [k for k in rows] == [("single-gpu", 1), ("distributed-ps", 1), ("distributed-ps", 2),
+                                 ("distributed-ps-apex", 2)]  # registry order, then nodes
+    ddp2 = rows[("distributed-ps", 2)]
+    assert ddp2.speedup == pytest.approx(3.0)
+    assert ddp2.scaling_efficiency == pytest.approx(3000 / (2 * 1800))
+    assert ddp2.efficiency_vs_single == pytest.approx(3000 / (4 * 1000))
+    assert rows[("distributed-ps", 1)].scaling_efficiency == pytest.approx(1.0)
+    assert rows[("single-gpu", 1)].speedup == pytest.approx(1.0)
+    # No 1-node fp16 run: no scaling efficiency for it, but a speed-up over fp32 single-gpu.
+    amp = rows[("distributed-ps-apex", 2)]
+    assert amp.scaling_efficiency is None and amp.speedup == pytest.approx(6.0)
+
+
+def test_time_to_default_target_is_the_highest_final_loss(matrix):
+    results = harvest.collect([matrix], query_slurm=False)
+    assert results.target_loss == 2.9  # single-gpu's final loss: every run reaches it
+    rows = {(r.strategy, r.nodes): r for r in results.runs}
+    one = rows[("single-gpu", 1)]
+    assert one.step_to_target == 5  # its last step
+    # Elapsed: warm-up steps take 10 s each at 100 tok/s, then 1 s per step.
+    assert one.time_to_target_s == pytest.approx(10 + 10 + 1 + 1 + 1)
+    ddp1 = rows[("distributed-ps", 1)]
+    assert ddp1.step_to_target == 4  # losses 4.0, 3.5, 3.0, 2.5: first <= 2.9 at step 4
+    assert ddp1.time_to_target_s == pytest.approx(2 * 1000 / 180 + 2 * 1000 / 1800)
+    assert all(r.time_to_target_s is not None for r in results.runs)
+
+
+def test_explicit_target_loss(matrix):
+    rows = {(r.strategy, r.nodes): r for r in harvest.harvest([matrix], target_loss=2.0,
+                                                             query_slurm=False)}
+    assert rows[("single-gpu", 1)].time_to_target_s is None  # never got to 2.0
+    assert rows[("distributed-ps", 1)].step_to_target == 5
+    assert rows[("distributed-ps", 2)].step_to_target == 5  # 1.9 <= 2.0 first at step 5
+
+
+def test_baseline_is_per_experiment(tmp_path):
+    simple_run(tmp_path / "a" / "sg", "single-gpu", 1, 1, tps=1000.0, experiment="a")
+    simple_run(tmp_path / "b" / "sg", "single-gpu", 1, 1, tps=500.0, experiment="b")
+    simple_run(tmp_path / "b" / "ddp", "distributed-ps", 1, 2, tps=1000.0, experiment="b")
+    rows = {(r.experiment, r.strategy): r for r in harvest.harvest([tmp_path], query_slurm=False)}
+    assert rows[("b", "distributed-ps")].speedup == pytest.approx(2.0)
+    text = harvest.render(harvest.collect([tmp_path], query_slurm=False), "table")
+    assert text.splitlines()[0].startswith("experiment")  # shown when several experiments
+
+
+# --------------------------------------------------------------------------- outputs and CLI
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    harvest.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_csv_and_json_round_trip(matrix, capsys):
+    assert harvest.main(_args(str(matrix), "--format", "csv", "--no-slurm")) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 4 and float(rows[2]["speedup"]) == pytest.approx(3.0)
+    assert harvest.main(_args(str(matrix), "--format", "json", "--no-slurm")) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["target_loss"] == 2.9 and len(data["runs"]) == 4
+    assert data["runs"][0]["strategy"] == "single-gpu" and "curve" not in data["runs"][0]
+
+
+def test_markdown_and_table(matrix, capsys):
+    assert harvest.main(_args(str(matrix), "-f", "markdown", "--no-slurm")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| strategy | nodes |") and len(lines) == 2 + 4 + 2
+    assert "| distributed-ps | 2 | 4 | fp32 | COMPLETED-by-log |" in lines[4]
+    assert harvest.main(_args(str(matrix), "--no-slurm")) == 0
+    table = capsys.readouterr().out
+    assert "3.00x" in table and "83.3%" in table and "75.0%" in table
+
+
+def test_out_dir_writes_tables_and_plots(matrix, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert harvest.main(_args(str(matrix), "--out", str(out), "--no-slurm")) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["loss_vs_time.png", "runs.json", "table.csv", "table.md",
+                     "throughput_vs_nodes.png"]
+    for png in ("loss_vs_time.png", "throughput_vs_nodes.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert json.loads((out / "runs.json").read_text())["runs"][1]["strategy"] == "distributed-ps"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["{tmp}/nowhere"], "does not exist"),
+    (["{tmp}"], "no metrics.jsonl found in"),
+    (["{run}", "--format", "xlsx"], "--format 'xlsx' is not valid"),
+    (["{run}", "--format", "jsn"], "did you mean 'json'?"),
+    (["{run}", "--target-loss", "-1"], "--target-loss '-1' must be a positive number"),
+    (["{run}", "--target-loss", "nan"], "must be a positive number"),
+    (["{run}/metrics.jsonl/x"], "does not exist"),
+])
+def test_bad_input_is_a_one_line_usage_error(tmp_path, argv, message):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = simple_run(tmp_path / "run", "single-gpu", 1, 1, tps=10.0)
+    argv = [a.format(tmp=empty, run=run) for a in argv]
+    with pytest.raises(UsageError) as exc:
+        harvest.main(_args(*argv, "--no-slurm"))
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_cli_wiring_exit_2(tmp_path, capsys):
+    from hpcdp import cli
+
+    assert cli.main(["harvest", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hpcdp: error: path ") and err.count("\n") == 1
