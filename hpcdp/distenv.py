@@ -12,7 +12,8 @@ Which launcher started us, first match wins:
    horovod/runner/gloo_run.py `create_slot_env_vars` sets for each slot).
 3. Open MPI's mpirun (also horovodrun's MPI controller): OMPI_COMM_WORLD_RANK / SIZE /
    LOCAL_RANK / LOCAL_SIZE. Under `srun --mpi=pmix` these are not set: that is case 4.
-4. A Slurm task started by srun: SLURM_PROCID inside a job step.
+4. A Slurm task started by srun: SLURM_STEP_ID is set (Slurm 22.05's batch shell has
+   SLURM_PROCID=0 as well, so SLURM_PROCID alone does not mean srun).
 5. A Slurm batch shell without srun: SLURM_JOB_ID but no job step. Rank 0 of world 1, with
    `in_step=False`, so that `check_world` can say "run it with srun".
 6. None: a plain single process.
@@ -197,7 +198,7 @@ class DistEnv:
     """Host of rank 0 for torch's rendezvous; "" when no launcher variable tells it."""
     master_port: int
     hosts: tuple[str, ...] = ()
-    """Every node of the job (expanded SLURM_JOB_NODELIST); empty outside Slurm."""
+    """The step's nodes (the job's, outside srun) in node-rank order; empty outside Slurm."""
     job_id: str | None = None
     restart_count: int = 0
     """Times the job was requeued (SLURM_RESTART_COUNT) or torchrun restarted the workers."""
@@ -362,6 +363,14 @@ def _hosts_from(environ: Mapping[str, str], name: str) -> list[str]:
         raise HostlistError(f"{name}: {exc}") from None
 
 
+@dataclass(frozen=True)
+class _HetGroup:
+    index: int
+    hosts: list[str]
+    num_tasks: int | None
+    layout: list[int] | None
+
+
 class _SlurmJob:
     """What every process of a Slurm job can read, whichever launcher started it."""
 
@@ -370,7 +379,6 @@ class _SlurmJob:
         self.restart_count = _int(environ, "SLURM_RESTART_COUNT") or 0
         self.cpus_per_task = _int(environ, "SLURM_CPUS_PER_TASK", minimum=1)
         self.num_tasks = _first_int(environ, ("SLURM_NTASKS", "SLURM_NPROCS"), minimum=1)
-        self.het_size = _int(environ, "SLURM_HET_SIZE", minimum=1)
         # An srun task belongs to its step, whose nodes may be fewer than the job's. Processes
         # that mpirun or torchrun started see the SLURM_STEP_* of the launcher's own step
         # (mpirun's daemons), which says nothing about the ranks: they take the job's nodes.
@@ -384,24 +392,70 @@ class _SlurmJob:
                 self.hosts = _hosts_from(environ, name)
                 self.hosts_from = name
                 break
-        # Heterogeneous jobs: the rendezvous belongs to component 0, and the job's hosts are
-        # the union of its components'.
-        self.het_master_host: str | None = None
-        if self.het_size or "SLURM_JOB_NODELIST_HET_GROUP_0" in environ:
-            groups: list[str] = []
-            index = 0
-            while environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{index}", "").strip():
-                groups.extend(_hosts_from(environ, f"SLURM_JOB_NODELIST_HET_GROUP_{index}"))
-                index += 1
-            if groups:
-                self.het_master_host = groups[0]
-                if self.hosts_from != "SLURM_STEP_NODELIST":
-                    self.hosts = list(dict.fromkeys(groups))
-                    self.hosts_from = "SLURM_JOB_NODELIST_HET_GROUP_*"
+        self.master_host = self.hosts[0] if self.hosts else None
+        self.master_from = f"first host of {self.hosts_from}"
+        # Node ids of a heterogeneous step's layout, when its SLURM_STEP_TASKS_PER_NODE can't
+        # be used (see below).
+        self.step_layout: list[int] | None = None
+        groups = _het_groups(environ)
+        if groups:
+            self._use_het_groups(environ, groups, step_nodes)
+
+    def _use_het_groups(self, environ: Mapping[str, str], groups: list[_HetGroup],
+                        step_nodes: bool) -> None:
+        """Heterogeneous jobs (checked on Slurm 22.05 with component 0 on node3, 1 on node2):
+        a step over both lists its nodes sorted (node[2-3]) and its tasks per node in that
+        order (2,1), but numbers nodes and tasks component by component: rank 0 and node id 0
+        are on node3. So rank 0's host, the node order and the layout come from the
+        components in the step, in order. A step of component 1 alone (`srun --het-group=1`)
+        has its rank 0 on component 1's first node, not component 0's."""
+        members = groups
+        if step_nodes:
+            members = _het_groups_in_step(environ, groups, set(self.hosts)) or []
+        if not members:
+            return  # can't tell which components run here: keep the step's own node list
+        self.master_host = members[0].hosts[0]
+        self.master_from = f"first host of SLURM_JOB_NODELIST_HET_GROUP_{members[0].index}"
+        self.hosts = list(dict.fromkeys(h for g in members for h in g.hosts))
+        self.hosts_from = "SLURM_JOB_NODELIST_HET_GROUP_" + ",".join(str(g.index) for g in members)
+        if step_nodes and all(g.layout is not None for g in members):
+            self.step_layout = [count for g in members for count in g.layout or []]
 
     @property
     def present(self) -> bool:
         return self.job_id is not None
+
+
+def _het_groups(environ: Mapping[str, str]) -> list[_HetGroup]:
+    groups = []
+    while environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{len(groups)}", "").strip():
+        i = len(groups)
+        layout_name = f"SLURM_TASKS_PER_NODE_HET_GROUP_{i}"
+        layout = environ.get(layout_name, "").strip()
+        groups.append(_HetGroup(
+            index=i,
+            hosts=_hosts_from(environ, f"SLURM_JOB_NODELIST_HET_GROUP_{i}"),
+            num_tasks=_int(environ, f"SLURM_NTASKS_HET_GROUP_{i}", minimum=1),
+            layout=parse_tasks_per_node(layout, layout_name) if layout else None,
+        ))
+    return groups
+
+
+def _het_groups_in_step(environ: Mapping[str, str], groups: list[_HetGroup],
+                        step_hosts: set[str]) -> list[_HetGroup] | None:
+    """The components this step runs, or None when the variables do not say it clearly.
+
+    No variable names them; the components whose nodes all lie in the step and whose task
+    counts add up to the step's are taken, in order.
+    """
+    members = [g for g in groups if set(g.hosts) <= step_hosts]
+    step_tasks = _first_int(environ, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), minimum=1)
+    counts = [g.num_tasks for g in members]
+    if not members or None in counts or sum(c or 0 for c in counts) != step_tasks:
+        return None
+    if {h for g in members for h in g.hosts} != step_hosts:
+        return None
+    return members
 
 
 # Step ids Slurm reserves for the batch shell, the extern step and interactive steps
@@ -428,10 +482,8 @@ def _master(environ: Mapping[str, str], slurm: _SlurmJob, fallback: str = "",
             fallback_source: str = "no launcher variable names rank 0's host") -> tuple[str, str]:
     if environ.get("MASTER_ADDR", "").strip():
         return environ["MASTER_ADDR"].strip(), "MASTER_ADDR (set in the environment)"
-    if slurm.het_master_host:
-        return slurm.het_master_host, "first host of SLURM_JOB_NODELIST_HET_GROUP_0"
-    if slurm.hosts:
-        return slurm.hosts[0], f"first host of {slurm.hosts_from}"
+    if slurm.master_host:
+        return slurm.master_host, slurm.master_from
     return fallback, fallback_source
 
 
@@ -627,22 +679,27 @@ def _from_slurm_task(environ: Mapping[str, str], slurm: _SlurmJob, common: dict)
     num_nodes = (_int(environ, nodes_name, 1) if nodes_name else None) or len(slurm.hosts) or 1
     layout_name = next((n for n in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
                         if environ.get(n, "").strip()), None)
-    if layout_name:
+    if slurm.step_layout is not None:
+        layout, layout_name = slurm.step_layout, "SLURM_TASKS_PER_NODE_HET_GROUP_*"
+    elif layout_name:
         layout = parse_tasks_per_node(environ[layout_name], layout_name)
-        if node_rank >= len(layout):
-            raise DistEnvError(
-                f"SLURM_NODEID={node_rank} has no entry in {layout_name}={environ[layout_name]!r}"
-            )
-        local_world = layout[node_rank]
     else:
-        per_node = _int(environ, "SLURM_NTASKS_PER_NODE", 1)
-        local_world = per_node or _ceil_div(world, num_nodes)
-        layout = [local_world] * num_nodes
-    if slurm.het_size:
-        # A heterogeneous step numbers its tasks across all components.
-        het_total = sum(_int(environ, f"SLURM_NTASKS_HET_GROUP_{i}", 1) or 0
-                        for i in range(slurm.het_size))
-        world = max(world, het_total)
+        per_node = _int(environ, "SLURM_NTASKS_PER_NODE", 1) or _ceil_div(world, num_nodes)
+        layout, layout_name = [per_node] * num_nodes, "SLURM_NTASKS_PER_NODE"
+    if node_rank >= len(layout):
+        raise DistEnvError(
+            f"SLURM_NODEID={node_rank} has no entry in {layout_name}="
+            f"{environ.get(layout_name, ','.join(map(str, layout)))!r}"
+        )
+    local_world = layout[node_rank]
+    local_world_name = f"tasks on this node ({layout_name})"
+    # SLURM_GTIDS lists the step's tasks on this node, which no layout indexing can get wrong.
+    gtids = environ.get("SLURM_GTIDS", "").strip()
+    if gtids:
+        if not re.fullmatch(r"\d+(,\d+)*", gtids):
+            raise DistEnvError(f"SLURM_GTIDS={one_line(gtids)!r} is not a list of task ids")
+        local_world = len(gtids.split(","))
+        local_world_name = "tasks on this node (SLURM_GTIDS)"
     addr, addr_source = _master(environ, slurm)
     port, port_source = _port(environ, slurm)
     env = DistEnv(
@@ -653,7 +710,7 @@ def _from_slurm_task(environ: Mapping[str, str], slurm: _SlurmJob, common: dict)
     )
     return _check_ranges(env, {"rank": "SLURM_PROCID", "world_size": world_name or "SLURM_NTASKS",
                                "local_rank": "SLURM_LOCALID",
-                               "local_world_size": f"tasks on this node ({layout_name})",
+                               "local_world_size": local_world_name,
                                "node_rank": "SLURM_NODEID",
                                "num_nodes": nodes_name or "SLURM_JOB_NUM_NODES"})
 

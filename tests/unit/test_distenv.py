@@ -250,6 +250,54 @@ TORCHRUN_IN_SRUN_0 = {
     "TORCHELASTIC_RUN_ID": "x", "TORCHELASTIC_USE_AGENT_STORE": "True", "WORLD_SIZE": "2",
 }
 
+# A heterogeneous job with component 0 (1 task) on node3 and component 1 (2 tasks) on node2,
+# job 4016758 on the project's local cluster: `srun --het-group=0,1` (ranks 0 and 2), then
+# `srun --het-group=1` (its rank 0).
+HET_NODE3_0 = {
+    "SLURMD_NODENAME": "node3", "SLURM_CPUS_ON_NODE": "1", "SLURM_DISTRIBUTION": "cyclic",
+    "SLURM_GTIDS": "0", "SLURM_HET_SIZE": "2", "SLURM_JOBID": "4016758",
+    "SLURM_JOB_CPUS_PER_NODE": "2,1", "SLURM_JOB_ID": "4016758", "SLURM_JOB_NODELIST": "node[2-3]",
+    "SLURM_JOB_NODELIST_HET_GROUP_0": "node3", "SLURM_JOB_NODELIST_HET_GROUP_1": "node2",
+    "SLURM_JOB_NUM_NODES": "2", "SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1", "SLURM_LOCALID": "0",
+    "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_NODELIST": "node[2-3]", "SLURM_NPROCS": "3",
+    "SLURM_NTASKS": "3", "SLURM_NTASKS_HET_GROUP_0": "1", "SLURM_NTASKS_HET_GROUP_1": "2",
+    "SLURM_PACK_SIZE": "2", "SLURM_PROCID": "0", "SLURM_SRUN_COMM_HOST": "127.0.0.1",
+    "SLURM_STEPID": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "node[2-3]",
+    "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_TASKS_PER_NODE": "2,1",
+    "SLURM_TASKS_PER_NODE": "2,1", "SLURM_TASKS_PER_NODE_HET_GROUP_0": "1",
+    "SLURM_TASKS_PER_NODE_HET_GROUP_1": "2",
+}
+
+HET_NODE3_2 = {
+    "SLURMD_NODENAME": "node2", "SLURM_CPUS_ON_NODE": "2", "SLURM_DISTRIBUTION": "block",
+    "SLURM_GTIDS": "1,2", "SLURM_HET_SIZE": "2", "SLURM_JOBID": "4016758",
+    "SLURM_JOB_CPUS_PER_NODE": "2,1", "SLURM_JOB_ID": "4016758", "SLURM_JOB_NODELIST": "node[2-3]",
+    "SLURM_JOB_NODELIST_HET_GROUP_0": "node3", "SLURM_JOB_NODELIST_HET_GROUP_1": "node2",
+    "SLURM_JOB_NUM_NODES": "2", "SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1", "SLURM_LOCALID": "1",
+    "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_NODELIST": "node[2-3]", "SLURM_NPROCS": "3",
+    "SLURM_NTASKS": "3", "SLURM_NTASKS_HET_GROUP_0": "1", "SLURM_NTASKS_HET_GROUP_1": "2",
+    "SLURM_PACK_SIZE": "2", "SLURM_PROCID": "2", "SLURM_SRUN_COMM_HOST": "127.0.0.1",
+    "SLURM_STEPID": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "node[2-3]",
+    "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_TASKS_PER_NODE": "2,1",
+    "SLURM_TASKS_PER_NODE": "2,1", "SLURM_TASKS_PER_NODE_HET_GROUP_0": "1",
+    "SLURM_TASKS_PER_NODE_HET_GROUP_1": "2",
+}
+
+HET_GROUP1_ONLY_0 = {
+    "SLURMD_NODENAME": "node2", "SLURM_CPUS_ON_NODE": "2", "SLURM_DISTRIBUTION": "block",
+    "SLURM_GTIDS": "0,1", "SLURM_HET_SIZE": "2", "SLURM_JOBID": "4016758",
+    "SLURM_JOB_CPUS_PER_NODE": "2", "SLURM_JOB_ID": "4016758", "SLURM_JOB_NODELIST": "node2",
+    "SLURM_JOB_NODELIST_HET_GROUP_0": "node3", "SLURM_JOB_NODELIST_HET_GROUP_1": "node2",
+    "SLURM_JOB_NUM_NODES": "1", "SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1", "SLURM_LOCALID": "0",
+    "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_NODELIST": "node2", "SLURM_NPROCS": "2",
+    "SLURM_NTASKS": "2", "SLURM_NTASKS_HET_GROUP_0": "1", "SLURM_NTASKS_HET_GROUP_1": "2",
+    "SLURM_PACK_SIZE": "2", "SLURM_PROCID": "0", "SLURM_SRUN_COMM_HOST": "127.0.0.1",
+    "SLURM_STEPID": "1", "SLURM_STEP_ID": "1", "SLURM_STEP_NODELIST": "node2",
+    "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2",
+    "SLURM_TASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE_HET_GROUP_0": "1",
+    "SLURM_TASKS_PER_NODE_HET_GROUP_1": "2",
+}
+
 # horovodrun -np 4 -H node1:2,node2:2 --gloo: the slot of rank 3, written from
 # create_slot_env_vars + create_run_envs in horovod/runner/gloo_run.py (Horovod 0.28.1).
 HOROVODRUN_GLOO_3 = {
@@ -330,7 +378,8 @@ def test_tasks_per_node_formats_are_indexed_by_node_id(layout: str, node_id: str
                                                        expected: int) -> None:
     world = str(sum(int(p.split("(")[0]) * (int(p.split("x")[1][:-1]) if "x" in p else 1)
                     for p in layout.split(",")))
-    env = detect(with_changes(N2X4_0, SLURM_STEP_TASKS_PER_NODE=None, SLURM_TASKS_PER_NODE=layout,
+    env = detect(with_changes(N2X4_0, SLURM_GTIDS=None,
+                              SLURM_STEP_TASKS_PER_NODE=None, SLURM_TASKS_PER_NODE=layout,
                               SLURM_NODEID=node_id, SLURM_NTASKS=world,
                               SLURM_STEP_NUM_TASKS=world, SLURM_JOB_NUM_NODES="3",
                               SLURM_STEP_NUM_NODES="3", SLURM_STEP_NODELIST="node[1-3]"))
@@ -361,12 +410,37 @@ def test_heterogeneous_job_master_comes_from_component_0() -> None:
     assert (third.rank, third.node_rank, third.local_world_size) == (2, 1, 1)
 
 
-def test_heterogeneous_job_with_component_0_on_the_second_node() -> None:
-    # The same job had component 0 landed on node2: the step's node list is still sorted
-    # (node1 first) but rank 0 runs on node2. Master must follow component 0.
-    environ = with_changes(HET_0, SLURM_JOB_NODELIST_HET_GROUP_0="node2",
-                           SLURM_JOB_NODELIST_HET_GROUP_1="node1")
-    assert detect(environ).master_addr == "node2"
+def test_heterogeneous_step_numbers_nodes_by_component_not_by_name() -> None:
+    # Component 0 on node3: the step's node list is sorted (node[2-3]) and so is its
+    # SLURM_STEP_TASKS_PER_NODE (2,1), but rank 0 and node id 0 are on node3.
+    rank0, rank2 = detect(HET_NODE3_0), detect(HET_NODE3_2)
+    for env in (rank0, rank2):
+        assert env.master_addr == "node3"
+        assert env.master_addr_source == "first host of SLURM_JOB_NODELIST_HET_GROUP_0"
+        assert env.hosts == ("node3", "node2")
+        assert env.tasks_per_node == (1, 2)
+        assert (env.world_size, env.num_nodes) == (3, 2)
+    assert (rank0.node_rank, rank0.local_rank, rank0.local_world_size) == (0, 0, 1)
+    assert (rank2.node_rank, rank2.local_rank, rank2.local_world_size) == (1, 1, 2)
+    assert env.hosts[rank0.node_rank] == HET_NODE3_0["SLURMD_NODENAME"]
+    assert env.hosts[rank2.node_rank] == HET_NODE3_2["SLURMD_NODENAME"]
+
+
+def test_heterogeneous_step_of_component_1_alone_has_its_own_master() -> None:
+    env = detect(HET_GROUP1_ONLY_0)
+    assert env.master_addr == "node2"  # not component 0's node3: it takes no part
+    assert env.master_addr_source == "first host of SLURM_JOB_NODELIST_HET_GROUP_1"
+    assert (env.world_size, env.local_world_size, env.num_nodes, env.hosts) == (2, 2, 1,
+                                                                                 ("node2",))
+
+
+def test_heterogeneous_step_that_cannot_be_matched_keeps_the_step_nodes() -> None:
+    # Task counts that fit no set of components: fall back to the step's own variables,
+    # and SLURM_GTIDS still gives this node's task count.
+    env = detect(with_changes(HET_NODE3_2, SLURM_NTASKS_HET_GROUP_1="5"))
+    assert env.hosts == ("node2", "node3")
+    assert env.master_addr_source == "first host of SLURM_STEP_NODELIST"
+    assert env.local_world_size == 2
 
 
 def test_heterogeneous_batch_shell_sees_all_components_hosts() -> None:
@@ -466,6 +540,9 @@ def test_open_mpi_inside_slurm_ignores_mpiruns_own_step() -> None:
     assert env.job_id == "16542"
     assert env.master_port == master_port_for_job(16542)
     assert detect(MPIRUN_0).master_port == env.master_port
+    # Open MPI versions that start daemons on the other nodes only number that step from the
+    # second node: SLURM_NODEID is then 0 here, and must not be read.
+    assert detect(with_changes(MPIRUN_3, SLURM_NODEID="0")).node_rank == 1
 
 
 def test_open_mpi_without_slurm_on_one_node() -> None:
@@ -479,6 +556,7 @@ def test_open_mpi_without_slurm_on_one_node() -> None:
 def test_open_mpi_without_slurm_on_two_nodes_has_no_master_until_told() -> None:
     environ = {k: v for k, v in MPIRUN_3.items() if not k.startswith("SLURM")}
     env = detect(environ)
+    assert (env.node_rank, env.num_nodes) == (1, 2)
     assert env.master_addr == ""
     with pytest.raises(DistEnvError, match="export MASTER_ADDR"):
         env.torch_env()
@@ -843,3 +921,34 @@ def test_real_batch_shell_is_not_a_step_but_its_srun_is(slurm_env: dict[str, str
     assert sorted(t["rank"] for t in tasks) == [0, 1]
     assert all(t["in_step"] and t["world_size"] == 2 for t in tasks)
     assert {t["master_port"] for t in tasks} == {batch["master_port"]}
+
+
+@pytest.mark.slurm
+def test_real_heterogeneous_step(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "het.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"srun --het-group=0,1 {sys.executable} -c \"$PRINT_ENV\" > {tmp_path}/tasks.json\n"
+    )
+    # Put component 0 on a node that sorts after component 1's when two nodes are idle: the
+    # step's sorted node list then starts with a node where rank 0 is not.
+    idle = subprocess.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], env=slurm_env,
+                          capture_output=True, text=True, timeout=20).stdout.split()
+    first, second = ([f"--nodelist={max(idle)}"], [f"--nodelist={min(idle)}"]) \
+        if len(set(idle)) >= 2 else ([], [])
+    done = subprocess.run(
+        ["sbatch", "--wait", f"--output={tmp_path}/out.txt", "--time=2", "--nodes=1",
+         "--ntasks=1", *first, ":", "--time=2", "--nodes=1", "--ntasks=2", *second, str(script)],
+        env={**slurm_env, "PRINT_ENV": PRINT_ENV}, cwd=PROJECT_ROOT, capture_output=True,
+        text=True, timeout=300,
+    )
+    log = (tmp_path / "out.txt").read_text() if (tmp_path / "out.txt").exists() else ""
+    assert done.returncode == 0, done.stderr + log
+    tasks = sorted((json.loads(line) for line in (tmp_path / "tasks.json").read_text()
+                    .splitlines()), key=lambda t: t["rank"])
+    assert [t["rank"] for t in tasks] == [0, 1, 2]
+    for t in tasks:
+        assert t["world_size"] == 3
+        assert t["master_addr"] == tasks[0]["nodename"]  # rank 0's node, wherever it landed
+        assert t["hosts"][t["node_rank"]] == t["nodename"]
+        assert t["local_world_size"] == sum(o["node_rank"] == t["node_rank"] for o in tasks)
