@@ -1,0 +1,137 @@
+"""Stop a run part-way (SIGTERM, as Slurm sends before a time limit or preemption), continue it
+with --resume, and get exactly the losses of a run that was never stopped.
+
+Same seed, same thread count (1), same process count: the losses must be bit-identical, not
+close. The data stream position, optimizer, RNG and learning-rate schedule all come back from
+the checkpoint; anything forgotten shows up as a different loss after the stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 12
+SETS = [f"train.steps={STEPS}", "train.log_interval=1", "train.eval_interval=4",
+        "train.checkpoint_interval=0", "train.warmup_steps=2", "data.corpus=synthetic",
+        "train.micro_batch_size=4", "train.grad_accum_steps=2"]
+INTERRUPTED_EXIT = 143
+
+
+def _env(port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "HOROVOD_"))}
+    env.update(OMP_NUM_THREADS="1", MASTER_PORT=str(port),
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    return env
+
+
+def command(out: Path, strategy: str, procs: int, port: int, resume: bool) -> list[str]:
+    if procs == 1:
+        cmd = [sys.executable, "-m", "train"]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
+               "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "train"]
+    cmd += ["--experiment", "smoke", "--strategy", strategy, "--out", str(out)]
+    cmd += [a for s in SETS for a in ("--set", s)]
+    return cmd + (["--resume"] if resume else [])
+
+
+def run_to_end(out: Path, strategy: str, procs: int, port: int,
+               resume: bool = False) -> subprocess.CompletedProcess:
+    done = subprocess.run(command(out, strategy, procs, port, resume), cwd=ROOT,
+                          env=_env(port), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done
+
+
+def run_and_stop(out: Path, strategy: str, procs: int, port: int, after_step: int,
+                 signal_one_rank: bool) -> tuple[int, str]:
+    """Start a run, send SIGTERM once `after_step` was logged; returns (exit code, stdout)."""
+    proc = subprocess.Popen(command(out, strategy, procs, port, False), cwd=ROOT,
+                            env=_env(port), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(f"step {after_step}/"):
+                target = proc.pid
+                if signal_one_rank:
+                    # Only the last worker gets the signal: the ranks must agree to stop.
+                    children = subprocess.run(["pgrep", "-P", str(proc.pid)],
+                                              capture_output=True, text=True).stdout.split()
+                    target = int(children[-1])
+                os.kill(target, signal.SIGTERM)
+                break
+        lines += proc.stdout.readlines()
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, "".join(lines) + proc.stderr.read()
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(recs: list[dict], kind: str = "step", field: str = "loss") -> dict[int, float]:
+    """step -> value, later segments overriding earlier ones."""
+    return {r["step"]: r[field] for r in recs if r["kind"] == kind}
+
+
+@pytest.mark.parametrize(("strategy", "procs", "signal_one_rank"), [
+    ("single-gpu", 1, False),
+    ("distributed-ps", 2, True),
+])
+def test_stop_and_resume_gives_the_uninterrupted_losses(
+        tmp_path: Path, strategy: str, procs: int, signal_one_rank: bool) -> None:
+    port = 29700 + procs
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    run_to_end(straight, strategy, procs, port)
+
+    code, output = run_and_stop(stopped, strategy, procs, port + 10, after_step=3,
+                                signal_one_rank=signal_one_rank)
+    assert code == INTERRUPTED_EXIT if procs == 1 else code != 0, output[-3000:]
+    first = records(stopped)
+    (summary,) = [r for r in first if r["kind"] == "summary"]
+    assert summary["status"] == "interrupted"
+    stop_step = summary["steps"]
+    assert 3 <= stop_step < STEPS, output
+    assert [r["step"] for r in first if r["kind"] == "checkpoint"] == [stop_step]
+    assert "run again with --resume" in output
+
+    time.sleep(1)  # distinct ports aside, let the old rendezvous sockets close
+    resumed = run_to_end(stopped, strategy, procs, port + 20, resume=True)
+    assert f"resumed from {stopped / 'checkpoints'}" in resumed.stdout
+    everything = records(stopped)
+    headers = [r for r in everything if r["kind"] == "header"]
+    assert [h["start_step"] for h in headers] == [0, stop_step]
+    assert headers[1]["resumed_from"].endswith(f"step-{stop_step:07d}.pt")
+    second = everything[everything.index(headers[1]):]
+    assert min(r["step"] for r in second if r["kind"] == "step") == stop_step + 1
+
+    reference = records(straight)
+    assert losses(everything) == losses(reference)  # bit-identical, every step
+    assert losses(everything, "eval", "val_loss") == losses(reference, "eval", "val_loss")
+    assert losses(everything, "step", "lr") == losses(reference, "step", "lr")
+
+
+def test_resume_without_checkpoint_starts_fresh_and_after_the_end_does_nothing(
+        tmp_path: Path) -> None:
+    first = run_to_end(tmp_path, "single-gpu", 1, 29730, resume=True)
+    assert "no checkpoint in" in first.stdout and "starting fresh" in first.stdout
+    again = run_to_end(tmp_path, "single-gpu", 1, 29730, resume=True)
+    assert "nothing to do" in again.stdout
+    recs = records(tmp_path)
+    assert [r["start_step"] for r in recs if r["kind"] == "header"] == [0, STEPS]
+    assert len([r for r in recs if r["kind"] == "step"]) == STEPS  # no step ran twice
