@@ -217,11 +217,28 @@ def cmd_env(args) -> int:
 
     env = distenv.detect()
     if args.json:
+        try:
+            torch_env: dict | str = env.torch_env()
+        except distenv.DistEnvError as exc:  # e.g. mpirun across nodes with no master known
+            torch_env = str(exc)
         print(json.dumps({**env.as_dict(), "horovod": env.horovod_view(),
-                          "torch_env": env.torch_env()}, indent=2))
+                          "device": _device_hint(env), "torch_env": torch_env}, indent=2))
     else:
         print(env.describe())
+        print(f"device: {_device_hint(env)}")
+        print("horovod: " + " ".join(f"{k}={v}" for k, v in env.horovod_view().items()))
     return 0
+
+
+def _device_hint(env) -> str:
+    """The device train/ will pick, as far as it can be told without importing torch."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return f"cuda:(local rank {env.local_rank} % GPUs) on a GPU node, else cpu"
+    ids = [v for v in visible.split(",") if v.strip()]
+    if not ids:
+        return "cpu (CUDA_VISIBLE_DEVICES is empty)"
+    return f"cuda:{env.device_index(len(ids))} (CUDA_VISIBLE_DEVICES={visible})"
 
 
 def cmd_cluster(args) -> int:
@@ -301,11 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_strategies)
 
     p = sub.add_parser("harvest", help="tables and plots from finished runs")
-    try:
-        from hpcdp import harvest
-        harvest.add_arguments(p)
-    except ImportError:  # harvest not built in this tree yet
-        pass
+    from hpcdp import harvest  # light: matplotlib is imported only when plotting
+    getattr(harvest, "add_arguments", lambda p: None)(p)  # TEMP until harvest lands
     p.set_defaults(func=cmd_harvest)
     return parser
 
