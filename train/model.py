@@ -21,6 +21,7 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
     "gpt2-100m": (12, 768, 12, 512),  # the paper's: context 512
     "gpt2-124m": (12, 768, 12, 1024),  # the standard GPT-2 small
 }
+MAX_CONTEXT = 1024  # GPT-2's
 
 
 def build_model(
@@ -31,7 +32,7 @@ def build_model(
         raise UsageError(f"model.preset {preset!r} is unknown; valid: {', '.join(PRESETS)}")
     n_layer, n_embd, n_head, n_positions = PRESETS[preset]
     if preset == "tiny":
-        n_positions = max(n_positions, seq_len)
+        n_positions = max(n_positions, min(seq_len, MAX_CONTEXT))
     if seq_len > n_positions:
         raise UsageError(
             f"train.seq_len {seq_len} exceeds the context {n_positions} of model.preset {preset!r}"

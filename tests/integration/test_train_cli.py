@@ -1,0 +1,124 @@
+"""`python -m train` as the rendered scripts call it: fast help, one-line errors with exit 2,
+fail-fast world checks, and clear messages when Horovod or apex are missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "HOROVOD_"))}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra})
+    return env
+
+
+def train(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "train", *args], cwd=ROOT, env=_env(**env),
+                          capture_output=True, text=True, timeout=240)
+
+
+def one_line_error(done: subprocess.CompletedProcess, *needles: str) -> str:
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_help_imports_neither_torch_nor_transformers() -> None:
+    probe = ("import sys, runpy\n"
+             "sys.argv = ['train', '--help']\n"
+             "try:\n    runpy.run_module('train', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'numpy') "
+             "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "prepare" in done.stdout and "run" in done.stdout
+    assert "HEAVY []" in done.stdout
+
+
+def test_run_help_lists_the_flags_the_scripts_use() -> None:
+    done = train("run", "--help")
+    assert done.returncode == 0
+    for flag in ("--experiment", "--strategy", "--out", "--set", "--resume", "--expect-world",
+                 "--expect-tasks-per-node"):
+        assert flag in done.stdout
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["--strategy", "hovorod"], ["'hovorod'", "did you mean 'horovod'"]),
+    (["--strategy", "ddp", "--set", "train.stepz=3"], ["'stepz'", "steps"]),
+    (["--strategy", "ddp", "--set", "train.steps=0"], ["train.steps"]),
+    (["--strategy", "ddp", "--expect-world", "0"], ["--expect-world 0"]),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str],
+                                          needles: list[str]) -> None:
+    done = train("--experiment", "smoke", "--out", str(tmp_path), *args)
+    one_line_error(done, *needles)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_world_the_launcher_did_not_start_fails_fast(tmp_path: Path) -> None:
+    # What a script sees when srun started 1 task where the strategy wants 4.
+    done = train("--experiment", "smoke", "--strategy", "ddp", "--out", str(tmp_path),
+                 "--set", "data.corpus=synthetic", "--expect-world", "4")
+    one_line_error(done, "started with 1 process", "asked for 4")
+    done = train("--experiment", "smoke", "--strategy", "ddp", "--out", str(tmp_path),
+                 "--set", "data.corpus=synthetic", "--expect-tasks-per-node", "2")
+    one_line_error(done, "asked for 2 per node")
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_unprepared_data_says_how_to_prepare(tmp_path: Path) -> None:
+    done = train("--experiment", "smoke", "--strategy", "single-gpu", "--out",
+                 str(tmp_path / "run"), "--set", f"data.prepared_dir={tmp_path / 'none'}")
+    one_line_error(done, "python -m train prepare --experiment smoke")
+
+
+def test_prepare_then_train_on_the_prepared_text(tmp_path: Path) -> None:
+    setting = f"data.prepared_dir={tmp_path / 'prepared'}"
+    done = train("prepare", "--experiment", "smoke", "--set", setting)
+    assert done.returncode == 0, done.stderr
+    done = train("--experiment", "smoke", "--strategy", "single-gpu", "--out",
+                 str(tmp_path / "run"), "--set", setting, "--set", "train.steps=2")
+    assert done.returncode == 0, done.stderr
+    assert "step 2/2 | loss" in done.stdout
+
+
+def test_missing_horovod_names_the_install_script(tmp_path: Path) -> None:
+    # Horovod may well be installed in this venv: a `horovod` package that fails to import,
+    # first on the path, is what a venv without it looks like to `import horovod.torch`.
+    fake = tmp_path / "fake" / "horovod"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named horovod')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "train", "--experiment", "smoke", "--strategy", "horovod",
+         "--out", str(tmp_path / "run"), "--set", "data.corpus=synthetic"],
+        cwd=ROOT, env=_env(PYTHONPATH=f"{tmp_path / 'fake'}{os.pathsep}{ROOT}"),
+        capture_output=True, text=True, timeout=240)
+    one_line_error(done, "horovod is not installed: run scripts/install-horovod.sh")
+
+
+def test_legacy_apex_on_cpu_says_native_amp_is_the_default(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("GPUs visible: apex.amp may be usable here")
+    done = train("--experiment", "smoke", "--strategy", "distributed-ps-apex", "--out",
+                 str(tmp_path), "--set", "data.corpus=synthetic", "--set",
+                 "train.amp_backend=apex", MASTER_PORT="29741")
+    one_line_error(done, "apex", "native")
+    done = train("--experiment", "smoke", "--strategy", "single-gpu", "--out", str(tmp_path),
+                 "--set", "data.corpus=synthetic", "--set", "train.amp_backend=apex")
+    one_line_error(done, "only to the -apex strategies")

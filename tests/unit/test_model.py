@@ -1,0 +1,74 @@
+"""train/model.py: presets, context limits, FLOPs per token, and the loss the loop trains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hpcdp.errors import UsageError
+from train.model import LanguageModel, build_model, count_params, flops_per_token
+
+
+def test_tiny_preset_shape_and_context_grows_with_seq_len() -> None:
+    model = build_model("tiny", vocab_size=256, seq_len=64)
+    cfg = model.config
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_positions) == (2, 128, 4, 128)
+    assert cfg._attn_implementation == "sdpa"
+    assert build_model("tiny", 256, seq_len=300).config.n_positions == 300
+
+
+def test_paper_preset_is_about_100m_parameters_with_the_papers_vocabulary() -> None:
+    # The paper: 12 layers, width 768, context 512, a ~26.7k character vocabulary -> ~106M.
+    with torch.device("meta"):
+        model = build_model("gpt2-100m", vocab_size=26_700, seq_len=512)
+    assert model.config.n_positions == 512
+    assert 100e6 < count_params(model) < 110e6
+
+
+def test_gpt2_124m_has_the_standard_count() -> None:
+    with torch.device("meta"):
+        model = build_model("gpt2-124m", vocab_size=50_257, seq_len=1024)
+    assert count_params(model) == 124_439_808  # GPT-2 small, tied embeddings
+
+
+@pytest.mark.parametrize(("preset", "seq_len"), [("gpt2-100m", 1024), ("tiny", 1025)])
+def test_seq_len_beyond_the_context_is_a_usage_error(preset: str, seq_len: int) -> None:
+    with pytest.raises(UsageError, match=f"train.seq_len {seq_len}"):
+        with torch.device("meta"):
+            build_model(preset, 256, seq_len)
+
+
+def test_unknown_preset_names_the_valid_ones() -> None:
+    with pytest.raises(UsageError, match="gpt2-124m"):
+        build_model("gpt3", 256, 128)
+
+
+def test_flops_per_token_is_6n_plus_attention() -> None:
+    model = build_model("tiny", 256, 128)
+    n_without_wpe = count_params(model) - 128 * 128
+    assert count_params(model, with_position_embeddings=False) == n_without_wpe
+    assert flops_per_token(model, 128) == 6 * n_without_wpe + 12 * 2 * 128 * 128
+
+
+def test_loss_is_next_token_cross_entropy_as_transformers_computes_it() -> None:
+    torch.manual_seed(0)
+    model = build_model("tiny", 256, 32)
+    tokens = torch.randint(0, 256, (3, 33))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    ours = LanguageModel(model)(x, y)
+    # transformers shifts the labels itself: with input x and labels x it predicts x[1:]
+    # from x[:-1], dropping the last prediction. Ours (x, y) scores that last one too.
+    theirs = model(input_ids=x, labels=x).loss
+    logits = model(input_ids=x).logits
+    last = torch.nn.functional.cross_entropy(logits[:, -1], y[:, -1], reduction="sum")
+    n = x.numel()  # 3 x 32 targets in ours, 3 x 31 in theirs
+    expected = (theirs * (n - 3) + last) / n
+    assert ours.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_same_seed_same_weights() -> None:
+    torch.manual_seed(5)
+    a = build_model("tiny", 256, 64).state_dict()
+    torch.manual_seed(5)
+    b = build_model("tiny", 256, 64).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
