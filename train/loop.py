@@ -336,13 +336,14 @@ def _train(exp: Experiment, spec: registry.Strategy, env: distenv.DistEnv, strat
 
 
 class StopSignal:
-    """SIGTERM / SIGUSR1 (Slurm's warning before a time limit or preemption) -> stop cleanly.
+    """SIGTERM / SIGUSR1 / SIGUSR2 (Slurm's warning before a time limit or preemption; the
+    rendered scripts forward USR2) -> stop cleanly.
 
     The handler only sets a flag; after each step the ranks agree (any rank signalled -> all
     stop at the same step), save a checkpoint and leave, so a requeued job resumes there.
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
     def __init__(self) -> None:
         self.name: str | None = None

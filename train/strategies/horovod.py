@@ -8,6 +8,10 @@ runs inside `optimizer.skip_synchronize()` so it does not all-reduce a second ti
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
+import time
 from typing import Any
 
 import torch
@@ -28,9 +32,12 @@ def import_horovod() -> Any:
 
 class HorovodStrategy(Strategy):
     hvd: Any = None
+    _rendezvous: Any = None
 
     def setup(self, env, timeout_s: int) -> None:
         hvd = self.hvd = import_horovod()
+        if wants_slurm_gloo_rendezvous(env, os.environ):
+            self._rendezvous = gloo_rendezvous(env, timeout_s)
         hvd.init()
         self.rank, self.world_size = hvd.rank(), hvd.size()
         n_gpus = torch.cuda.device_count()
@@ -70,7 +77,85 @@ class HorovodStrategy(Strategy):
     def teardown(self) -> None:
         if self.hvd is not None:
             self.hvd.shutdown()
+        if self._rendezvous is not None:
+            self._rendezvous.shutdown()
 
     def describe(self) -> str:
         ctrl = "mpi" if self.hvd.mpi_enabled() and self.hvd.mpi_built() else "gloo"
         return f"Horovod rank {self.rank}/{self.world_size} on {self.device} ({ctrl})"
+
+
+# --------------------------------------------------------------------------------------------
+# Gloo controller under plain srun: what `horovodrun --gloo` would do, from SLURM_* instead.
+
+
+def wants_slurm_gloo_rendezvous(env, environ) -> bool:
+    """The rendered script asked for Gloo (HOROVOD_CONTROLLER=gloo) and srun, not horovodrun,
+    started the ranks: nobody has set Horovod's rank variables or rendezvous yet."""
+    return (environ.get("HOROVOD_CONTROLLER") == "gloo" and env.launcher == "slurm"
+            and "HOROVOD_RANK" not in environ)
+
+
+def slot_hostname(env, node_rank: int) -> str:
+    return env.hosts[node_rank] if node_rank < len(env.hosts) else socket.gethostname()
+
+
+def gloo_rendezvous(env, timeout_s: int) -> Any:
+    """Export Horovod's rank variables from the DistEnv; rank 0 serves the HTTP rendezvous on
+    MASTER_ADDR:MASTER_PORT (the job's port), the others wait until it answers.
+
+    Returns rank 0's server (to shut down at the end), else None.
+    """
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    view = env.horovod_view()
+    os.environ.update({
+        "HOROVOD_HOSTNAME": slot_hostname(env, env.node_rank),
+        "HOROVOD_RANK": str(view["rank"]), "HOROVOD_SIZE": str(view["size"]),
+        "HOROVOD_LOCAL_RANK": str(view["local_rank"]),
+        "HOROVOD_LOCAL_SIZE": str(view["local_size"]),
+        "HOROVOD_CROSS_RANK": str(view["cross_rank"]),
+        "HOROVOD_CROSS_SIZE": str(view["cross_size"]),
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": env.master_addr,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(env.master_port),
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+    })
+    iface = env.network_interface
+    if iface and not iface.startswith("^") and "," not in iface:
+        os.environ.setdefault("HOROVOD_GLOO_IFACE", iface.lstrip("="))
+    if env.rank != 0:
+        _wait_for(env.master_addr, env.master_port, timeout_s)
+        return None
+    server = RendezvousHTTPServer(("", env.master_port), RendezvousHandler, 0)
+    # The plan gives the size of each scope (global, local_HOST, cross_LOCALRANK), which the
+    # server needs to know when every rank has finished with it.
+    layout = list(env.tasks_per_node) or [env.local_world_size] * env.num_nodes
+    plan, rank = [], 0
+    for node, count in enumerate(layout):
+        for local_rank in range(count):
+            holders = [n for n, c in enumerate(layout) if c > local_rank]
+            plan.append(SlotInfo(hostname=slot_hostname(env, node), rank=rank,
+                                 local_rank=local_rank, cross_rank=holders.index(node),
+                                 size=env.world_size, local_size=count,
+                                 cross_size=len(holders)))
+            rank += 1
+    server.init(plan)
+    threading.Thread(target=server.serve_forever, name="horovod-rendezvous",
+                     daemon=True).start()
+    return server
+
+
+def _wait_for(host: str, port: int, timeout_s: int) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=2):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise UsageError(
+                    f"Horovod Gloo rendezvous at {host}:{port} (rank 0) did not answer within "
+                    f"{timeout_s} s ({exc}); is rank 0 running, and the port open between nodes?"
+                ) from None
+            time.sleep(0.2)
