@@ -70,7 +70,9 @@ def flops_per_token(model: GPT2LMHeadModel, seq_len: int) -> int:
 
 
 class LanguageModel(nn.Module):
-    """forward(x, y) -> mean next-token cross-entropy (y is x shifted by one, done by the data)."""
+    """forward(x, y) -> mean next-token cross-entropy, shape [1] (y is x shifted by one, done
+    by the data). Shape [1], not a scalar: DataParallel concatenates one per GPU without
+    warning, and the loop takes the mean either way."""
 
     def __init__(self, model: GPT2LMHeadModel) -> None:
         super().__init__()
@@ -79,4 +81,4 @@ class LanguageModel(nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = self.model(input_ids=x).logits
         # cross_entropy runs in fp32 under autocast (it is on autocast's fp32 list).
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).reshape(1)

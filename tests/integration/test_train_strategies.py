@@ -149,7 +149,11 @@ def final_params(out: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=False)["model"]
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+def _marked(names: list[str]) -> list:
+    return [pytest.param(n, marks=pytest.mark.horovod) if "horovod" in n else n for n in names]
+
+
+@pytest.mark.parametrize("name", _marked(list(RUNS)))
 def test_strategy_trains_and_replicas_agree(runs: Runs, name: str) -> None:
     out = runs.get(name)
     kind, micro, world, precision = RUNS[name]
@@ -173,7 +177,7 @@ def test_strategy_trains_and_replicas_agree(runs: Runs, name: str) -> None:
     assert summary["params_sha256"] == digest.hexdigest()
 
 
-@pytest.mark.parametrize("name", ["single-ps", "distributed-ps", "horovod"])
+@pytest.mark.parametrize("name", _marked(["single-ps", "distributed-ps", "horovod"]))
 def test_fp32_strategies_match_single_process(runs: Runs, name: str) -> None:
     reference, other = runs.get("single-gpu"), runs.get(name)
     ref_losses = [r["loss"] for r in records(reference, "step")]
@@ -186,7 +190,7 @@ def test_fp32_strategies_match_single_process(runs: Runs, name: str) -> None:
     assert worst < 1e-4, f"parameters differ by up to {worst:.2e}"
 
 
-@pytest.mark.parametrize("name", ["distributed-ps-apex", "horovod-apex"])
+@pytest.mark.parametrize("name", _marked(["distributed-ps-apex", "horovod-apex"]))
 def test_bf16_strategies_match_single_process_bf16(runs: Runs, name: str) -> None:
     reference, other = runs.single_bf16(), runs.get(name)
     ref_losses = [r["loss"] for r in records(reference, "step")]
