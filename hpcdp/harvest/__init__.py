@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcdp.errors import UsageError, did_you_mean, one_line
-from hpcdp.harvest.read import (MetricsLog, find_run_dirs, read_metrics, read_submission,
-                                scan_slurm_logs)
+from hpcdp.harvest.read import (MetricsLog, StepColumns, find_run_dirs, read_metrics,
+                                read_submission, scan_slurm_logs)
 from hpcdp.harvest.table import (RunResult, fill_comparisons, render_csv, render_json,
                                  render_markdown, render_table, state_from_log, summarize_log)
 
@@ -92,9 +92,11 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
     logs = []
     for run_dir in run_dirs:
         log = read_metrics(run_dir / "metrics.jsonl")
-        submission = read_submission(run_dir)
-        logs.append((run_dir, log, _job_id(log, submission)))
-    job_ids = [job for _, _, job in logs if job]
+        r = summarize_log(run_dir, log)
+        log.columns, log.order = StepColumns(), []  # the numbers are in r now: free the rows
+        r.job_id = _job_id(log, read_submission(run_dir))
+        logs.append((r, log))
+    job_ids = [r.job_id for r, _ in logs if r.job_id]
     infos: dict = {}
     accounting: dict = {"queried": False, "available": None, "message": ""}
     if query_slurm and job_ids:
@@ -105,9 +107,8 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
         accounting = {"queried": True, "available": table.accounting_available,
                       "message": table.accounting_message}
     results = []
-    for run_dir, log, job in logs:
-        r = summarize_log(run_dir, log)
-        r.job_id = job
+    for r, log in logs:
+        job, run_dir = r.job_id, Path(r.run_dir)
         info = infos.get(job) if job else None
         if info is not None and info.source != "none":
             r.state, r.state_source, r.exit_code = info.state, info.source, info.exit_code

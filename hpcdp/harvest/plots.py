@@ -75,11 +75,11 @@ def loss_vs_time(results: list[RunResult], path: Path, target_loss: float | None
     labels = [_label(r, with_nodes=True) for r in results]
     drawn = 0
     for r, label in zip(results, labels):
-        if not r.curve:
+        if not r.curve_loss:
             continue
         if labels.count(label) > 1:  # two runs of one configuration: name their folders
             label += f" ({Path(r.run_dir).name})"
-        ax.plot([t for t, _ in r.curve], [loss for _, loss in r.curve], linewidth=1.0,
+        ax.plot(r.curve_time_s, r.curve_loss, linewidth=1.0,
                 label=label)
         drawn += 1
     if target_loss is not None:

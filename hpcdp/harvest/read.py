@@ -35,15 +35,43 @@ class Segment:
     """Training time of all earlier segments (the time axis continues across requeues)."""
 
 
+# Step fields harvest uses, in the writer's order. All but "time" are kept as columns; of the
+# times only the newest counts (MetricsLog.last_time), and float() is what reading costs.
+STEP_FIELDS = ("time", "step", "loss", "step_time_s", "tokens_per_s", "elapsed_s", "max_mem_gb",
+               "mfu")
+COLUMNS = STEP_FIELDS[1:]
+
+
+@dataclass
+class StepColumns:
+    """Every step record read, in file order, one list per field (floats or None; step int).
+
+    Columns rather than a dict per record: 10,000-step runs by the hundred are read in bulk
+    (bench/harvest_bench.py)."""
+
+    step: list = field(default_factory=list)
+    loss: list = field(default_factory=list)
+    step_time_s: list = field(default_factory=list)
+    tokens_per_s: list = field(default_factory=list)
+    elapsed_s: list = field(default_factory=list)
+    max_mem_gb: list = field(default_factory=list)
+    mfu: list = field(default_factory=list)
+    seg: list = field(default_factory=list)
+    """Index of the segment that wrote the row."""
+    t: list = field(default_factory=list)
+    """Training time: the segment's offset_s + elapsed_s."""
+
+
 @dataclass
 class MetricsLog:
     """Everything read from one metrics.jsonl."""
 
     path: Path
     segments: list[Segment] = field(default_factory=list)
-    steps: dict[int, dict] = field(default_factory=dict)
-    """step -> the last `step` record written for it, plus `_seg` (segment index) and `_t`
-    (training time: segment offset + elapsed_s)."""
+    columns: StepColumns = field(default_factory=StepColumns)
+    order: list[int] = field(default_factory=list)
+    """Row indices into `columns` of the last record written for each step, by step number:
+    a step redone after a resume replaces the lost one."""
     evals: dict[int, float] = field(default_factory=dict)
     summary: dict | None = None
     lines: int = 0
@@ -59,6 +87,14 @@ class MetricsLog:
         """The last segment's header ({} when the file has none)."""
         return self.segments[-1].header if self.segments else {}
 
+    @property
+    def steps(self) -> dict[int, dict]:
+        """step -> its last record (the fields harvest uses, plus `_seg` and `_t`)."""
+        c = self.columns
+        cols = [getattr(c, name) for name in COLUMNS + ("seg", "t")]
+        keys = COLUMNS + ("_seg", "_t")
+        return {c.step[i]: {k: col[i] for k, col in zip(keys, cols)} for i in self.order}
+
 
 def _loads_fused(line: str) -> dict | None:
     """A corrupt line may be a cut record with a whole one glued after it: find that one."""
@@ -73,44 +109,136 @@ def _loads_fused(line: str) -> dict | None:
     return None
 
 
-def _parse_lines(text: str) -> tuple[list[dict], int, int, bool, int]:
-    """(records, corrupt lines, recovered records, truncated, line count) of a metrics text."""
-    truncated_tail = bool(text) and not text.endswith("\n")
-    lines = text.splitlines()
-    # Fast path: one json.loads over the whole file as an array (a single C call instead of
-    # one per line). Any bad line makes it fail, and then the per-line path finds which.
-    body = ",".join(line for line in lines if line.strip())
-    try:
-        records = json.loads(f"[{body}]")
-        if all(isinstance(r, dict) and "kind" in r for r in records):
-            return records, 0, 0, False, len(lines)
-    except ValueError:
-        pass
-    records, corrupt, recovered, truncated = [], 0, 0, False
-    last_index = len(lines) - 1
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            if isinstance(record, dict) and "kind" in record:
-                records.append(record)
-                continue
-        except ValueError:
-            pass
-        if i == last_index and truncated_tail:
-            truncated = True  # the writer died mid-line: expected after a kill, said as such
-        else:
-            corrupt += 1
-        fused = _loads_fused(line)
-        if fused is not None:
-            records.append(fused)
-            recovered += 1
-    return records, corrupt, recovered, truncated, len(lines)
+# Speed (bench/harvest_bench.py): a step line exactly as train/metrics.py writes it (json.dumps,
+# keys in schema order) is matched by this pattern, which captures only the fields harvest
+# uses; the captured text is converted a column at a time. Any line it does not match (another
+# writer's key order, a header, a damaged record) goes through json.loads, so the pattern can
+# make reading faster, never different.
+_NUMBER = r"(-?[0-9][0-9.eE+-]*|null)"
+_STEP_LINE = re.compile(
+    r'\{"kind": "step", "time": ' + _NUMBER + r', "step": ([0-9]+), "loss": ' + _NUMBER
+    + r', .*"step_time_s": ' + _NUMBER + r', "tokens_per_s": ' + _NUMBER
+    + r', "tokens_seen": [^,]*, "elapsed_s": ' + _NUMBER + r', "max_mem_gb": ' + _NUMBER
+    + r', "mfu": ' + _NUMBER + r'\}')
+_STEP_PREFIX = '{"kind": "step"'
+_NUMS = (int, float)
 
 
 def _num(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A JSON number as float; None for null, strings, booleans (bool is not in _NUMS)."""
+    return float(value) if value.__class__ in _NUMS else None
+
+
+def _floats(column: tuple[str, ...]) -> list[float | None]:
+    """Captured number texts -> floats; "null" (how the writer spells NaN/inf) -> None."""
+    if "null" not in column:
+        return list(map(float, column))
+    return [None if v == "null" else float(v) for v in column]
+
+
+def _float_or_none(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+class _Reader:
+    """Builds a MetricsLog record by record; matched step lines wait in `pending` (text) and are
+    converted a column at a time when something else comes or the file ends."""
+
+    def __init__(self, log: MetricsLog) -> None:
+        self.log = log
+        self.pending: list[tuple[str, ...]] = []
+        self.times: list[float] = []
+
+    def segment(self) -> Segment:
+        if not self.log.segments:  # records before any header: a segment without one
+            self.log.segments.append(Segment(header={}))
+        return self.log.segments[-1]
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        rows, self.pending = self.pending, []
+        c = self.log.columns
+        segment = self.segment()
+        times, *cols = zip(*rows)
+        try:
+            converted = [list(map(int, col)) if i == 0 else _floats(col)
+                         for i, col in enumerate(cols)]
+            newest = _floats(times[-1:])[0]  # rows of one segment come in time order
+        except ValueError:  # a number the pattern let through but float() refuses: one by one
+            for row in rows:
+                record = dict(zip(STEP_FIELDS, map(_float_or_none, row)), kind="step")
+                record["step"] = int(row[1])
+                self.add_record(record)
+            return
+        for name, values in zip(COLUMNS, converted):
+            getattr(c, name).extend(values)
+        c.seg.extend([len(self.log.segments) - 1] * len(rows))
+        if newest is not None:
+            self.times.append(newest)
+        self._segment_bounds(segment, converted[0][0], converted[0][-1], converted[4][-1])
+
+    @staticmethod
+    def _segment_bounds(segment: Segment, first: int, last: int, elapsed: float | None) -> None:
+        if segment.first_step is None:
+            segment.first_step = first
+        segment.last_step = last
+        if elapsed is not None:
+            segment.last_elapsed_s = elapsed
+
+    def add_step_line(self, line: str) -> bool:
+        match = _STEP_LINE.fullmatch(line)
+        if match is None:
+            return False
+        self.pending.append(match.groups())
+        return True
+
+    def add_record(self, record: dict) -> None:
+        self.flush()
+        log = self.log
+        kind = record.get("kind")
+        t = _num(record.get("time"))
+        if kind == "header":
+            log.segments.append(Segment(header=record))
+        elif kind == "step":
+            step = record.get("step")
+            if step.__class__ is not int:
+                log.corrupt_lines += 1
+                return
+            segment = self.segment()
+            c = log.columns
+            values = [_num(record.get(name)) for name in COLUMNS]
+            values[0] = step
+            for name, value in zip(COLUMNS, values):
+                getattr(c, name).append(value)
+            c.seg.append(len(log.segments) - 1)
+            self._segment_bounds(segment, step, step, values[4])
+        else:
+            self.segment()
+            if kind == "eval":
+                if record.get("step").__class__ is int and _num(record.get("val_loss")) is not None:
+                    log.evals[record["step"]] = float(record["val_loss"])
+            elif kind == "summary":
+                log.summary = record
+        if t is not None:
+            self.times.append(t)
+
+    def finish(self) -> MetricsLog:
+        self.flush()
+        log, c = self.log, self.log.columns
+        offset = 0.0
+        for segment in log.segments:  # the time axis runs on across segments
+            segment.offset_s = offset
+            offset += segment.last_elapsed_s
+        offsets = [s.offset_s for s in log.segments] or [0.0]
+        c.t = [offsets[s] + (e or 0.0) for s, e in zip(c.seg, c.elapsed_s)]
+        last_row = dict(zip(c.step, range(len(c.step))))  # later rows overwrite earlier ones
+        log.order = [last_row[s] for s in sorted(last_row)]
+        log.last_time = max(self.times) if self.times else None
+        return log
 
 
 def read_metrics(path: Path) -> MetricsLog:
@@ -119,42 +247,34 @@ def read_metrics(path: Path) -> MetricsLog:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise UsageError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    records, corrupt, recovered, truncated, n_lines = _parse_lines(text)
-    log = MetricsLog(path=path, lines=n_lines, corrupt_lines=corrupt,
-                     recovered_records=recovered, truncated=truncated)
-    segment: Segment | None = None
-    offset = 0.0
-    for record in records:
-        kind = record.get("kind")
-        t = _num(record.get("time"))
-        if t is not None:
-            log.last_time = t
-        if kind == "header" or segment is None:
-            if segment is not None:
-                offset += segment.last_elapsed_s
-            segment = Segment(header=record if kind == "header" else {}, offset_s=offset)
-            log.segments.append(segment)
-            if kind == "header":
-                continue
-        if kind == "step":
-            step = record.get("step")
-            if not isinstance(step, int):
-                log.corrupt_lines += 1
-                continue
-            elapsed = _num(record.get("elapsed_s")) or 0.0
-            segment.last_elapsed_s = elapsed
-            if segment.first_step is None:
-                segment.first_step = step
-            segment.last_step = step
-            record["_seg"] = len(log.segments) - 1
-            record["_t"] = segment.offset_s + elapsed
-            log.steps[step] = record  # a rerun of a step after resume replaces the lost one
-        elif kind == "eval":
-            if isinstance(record.get("step"), int) and _num(record.get("val_loss")) is not None:
-                log.evals[record["step"]] = float(record["val_loss"])
-        elif kind == "summary":
-            log.summary = record
-    return log
+    log = MetricsLog(path=path)
+    reader = _Reader(log)
+    truncated_tail = bool(text) and not text.endswith("\n")
+    lines = text.splitlines()
+    log.lines = len(lines)
+    last_index = len(lines) - 1
+    add_step_line, add_record, loads = reader.add_step_line, reader.add_record, json.loads
+    for i, line in enumerate(lines):
+        if line.startswith(_STEP_PREFIX) and add_step_line(line):
+            continue
+        if not line.strip():
+            continue
+        try:
+            record = loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and "kind" in record:
+            add_record(record)
+            continue
+        if i == last_index and truncated_tail:
+            log.truncated = True  # the writer died mid-line: expected after a kill, said so
+        else:
+            log.corrupt_lines += 1
+        fused = _loads_fused(line)
+        if fused is not None:
+            add_record(fused)
+            log.recovered_records += 1
+    return reader.finish()
 
 
 def find_run_dirs(paths: list[Path]) -> list[Path]:

@@ -8,7 +8,7 @@ import io
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from hpcdp import strategies
@@ -62,9 +62,12 @@ class RunResult:
     mfu: float | None = None
     max_rss: str | None = None
     notes: list[str] = field(default_factory=list)
-    curve: list[tuple[float, float]] = field(default_factory=list, repr=False)
-    """(training time s, loss) per logged step, in step order: the loss-vs-time figure."""
-    loss_by_step: list[tuple[int, float]] = field(default_factory=list, repr=False)
+    # The loss curve, one entry per logged step with a loss, in step order (the loss-vs-time
+    # figure and time to target). Parallel lists, not tuples: 10,000 steps x 100 runs.
+    curve_step: list[int] = field(default_factory=list, repr=False)
+    curve_time_s: list[float] = field(default_factory=list, repr=False)
+    """Training time: summed over segments, queue waits between them left out."""
+    curve_loss: list[float] = field(default_factory=list, repr=False)
 
     def key(self) -> tuple:
         """Sort key: experiment, the registry's strategy order, nodes, precision, dir."""
@@ -73,11 +76,11 @@ class RunResult:
                 self.strategy or "", self.nodes or 0, self.precision or "", self.run_dir)
 
     def to_dict(self, with_curve: bool = False) -> dict:
-        data = asdict(self)
-        if not with_curve:
-            data.pop("curve")
-            data.pop("loss_by_step")
-        return data
+        skip = () if with_curve else ("curve_step", "curve_time_s", "curve_loss")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+
+_NUMS = (int, float)  # JSON numbers; bool (a subclass of int) is left out on purpose
 
 
 def _median(values: list[float]) -> float | None:
@@ -99,23 +102,26 @@ def warmup_log_steps(header: dict) -> int:
 def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
     """The per-run numbers that need nothing but the run's own metrics."""
     header = log.header
-    steps = [log.steps[s] for s in sorted(log.steps)]
+    c, order = log.columns, log.order
     # Steady steps: past the warm-up of the segment that wrote them (a resumed segment warms up
     # again: allocator, compilation, data loader), as train/loop.py's own summary does.
-    steady = []
-    for rec in steps:
-        seg = log.segments[rec["_seg"]]
+    steady_after = []
+    for seg in log.segments:
         start = seg.header.get("start_step")
         start = start if isinstance(start, int) else (seg.first_step or 1) - 1
-        if rec["step"] - start > warmup_log_steps(seg.header):
-            steady.append(rec)
-    timed = steady or steps  # a run shorter than its warm-up: use what there is
-    tps = [v for v in (_number(r.get("tokens_per_s")) for r in timed) if v is not None]
-    dts = [v for v in (_number(r.get("step_time_s")) for r in timed) if v is not None]
-    mfus = [v for v in (_number(r.get("mfu")) for r in timed) if v is not None]
-    mems = [v for v in (_number(r.get("max_mem_gb")) for r in steps) if v is not None]
-    losses = [(r["step"], _number(r.get("loss"))) for r in steps]
-    curve = [(r["_t"], loss) for r, (_, loss) in zip(steps, losses) if loss is not None]
+        steady_after.append(start + warmup_log_steps(seg.header))
+    step_of, seg_of = c.step, c.seg
+    steady = [i for i in order if step_of[i] > steady_after[seg_of[i]]]
+    timed = steady or order  # a run shorter than its warm-up: use what there is
+
+    def present(column: list, rows: list[int]) -> list[float]:
+        return [v for v in map(column.__getitem__, rows) if v is not None]
+
+    with_loss = [i for i in order if c.loss[i] is not None]
+    losses = list(map(c.loss.__getitem__, with_loss))
+    tps, dts, mfus = present(c.tokens_per_s, timed), present(c.step_time_s, timed), present(
+        c.mfu, timed)
+    mems = present(c.max_mem_gb, order)
     final_val = log.evals[max(log.evals)] if log.evals else None
     if final_val is None and log.summary:
         final_val = _number(log.summary.get("final_val_loss"))
@@ -125,7 +131,7 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         strategy=header.get("strategy"), nodes=header.get("nodes"),
         world_size=header.get("world_size"), precision=header.get("precision"),
         device=header.get("device"), job_id=None, state="UNKNOWN", state_source="log",
-        exit_code=None, steps=len(steps), last_step=steps[-1]["step"] if steps else None,
+        exit_code=None, steps=len(order), last_step=step_of[order[-1]] if order else None,
         planned_steps=planned if isinstance(planned, int) else None,
         segments=len(log.segments),
         restarts=max([len(log.segments) - 1] + [
@@ -133,10 +139,10 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
             if isinstance(s.header.get("restart_count"), int)]),
         corrupt_lines=log.corrupt_lines, truncated=log.truncated,
         tokens_per_s=_median(tps), step_time_s=_median(dts), steady_steps=len(steady),
-        final_loss=next((loss for _, loss in reversed(losses) if loss is not None), None),
+        final_loss=losses[-1] if losses else None,
         final_val_loss=final_val, peak_mem_gb=max(mems) if mems else None,
-        mfu=_median(mfus), curve=curve,
-        loss_by_step=[(s, loss) for s, loss in losses if loss is not None],
+        mfu=_median(mfus), curve_step=list(map(step_of.__getitem__, with_loss)),
+        curve_time_s=list(map(c.t.__getitem__, with_loss)), curve_loss=losses,
     )
 
 
@@ -182,9 +188,9 @@ def fill_comparisons(results: list[RunResult], target_loss: float | None) -> flo
     if target_loss is not None:
         for r in results:
             r.target_loss = target_loss
-            for (t, loss), (step, _) in zip(r.curve, r.loss_by_step):
+            for i, loss in enumerate(r.curve_loss):
                 if loss <= target_loss:
-                    r.time_to_target_s, r.step_to_target = t, step
+                    r.time_to_target_s, r.step_to_target = r.curve_time_s[i], r.curve_step[i]
                     break
     return target_loss
 

@@ -110,12 +110,12 @@ def test_requeued_run_two_headers_last_value_per_step(tmp_path):
             step(6, 4.5, 500, 8), summary(6, 4.5)]
     r = run_one(write_run(tmp_path / "rq", recs))
     assert (r.segments, r.restarts, r.steps) == (2, 1, 6)
-    assert [loss for _, loss in r.loss_by_step] == [5.0, 4.9, 4.8, 4.7, 4.6, 4.5]
+    assert r.curve_loss == [5.0, 4.9, 4.8, 4.7, 4.6, 4.5] and r.curve_step == [1, 2, 3, 4, 5, 6]
     # Steady: steps > start_step + 2 in each segment: 3,4 of segment 1 were replaced; in
     # segment 2 (start 2) steps 5 and 6 are steady.
     assert r.steady_steps == 2 and r.tokens_per_s == 500
     # Training time continues across segments: segment 1 lasted 40 s.
-    assert [t for t, _ in r.curve] == [10, 20, 42, 44, 46, 48]
+    assert r.curve_time_s == [10, 20, 42, 44, 46, 48]
     assert any("requeued/resumed 1x (2 segments)" in n for n in r.notes)
     assert r.job_id == "77"
 
@@ -294,7 +294,7 @@ def test_csv_and_json_round_trip(matrix, capsys):
     assert harvest.main(_args(str(matrix), "--format", "json", "--no-slurm")) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["target_loss"] == 2.9 and len(data["runs"]) == 4
-    assert data["runs"][0]["strategy"] == "single-gpu" and "curve" not in data["runs"][0]
+    assert data["runs"][0]["strategy"] == "single-gpu" and "curve_loss" not in data["runs"][0]
 
 
 def test_markdown_and_table(matrix, capsys):
