@@ -298,6 +298,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 2e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise _type_error(value, tp, where)
     if tp is str:
         # YAML reads 01:00:00 as a number of seconds and 8G as a string: accept numbers, say so.
@@ -332,6 +337,26 @@ def build(cls: type, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML without 1.1's base-60 integers: `time_limit: 4:00:00` stays the string Slurm
+    expects instead of becoming 14400 (which Slurm would read as minutes)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:int"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+
+
+def load_yaml_text(text: str):
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def read_yaml(path: Path, what: str) -> dict:
     try:
         text = path.read_text()
@@ -340,7 +365,7 @@ def read_yaml(path: Path, what: str) -> dict:
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise UsageError(f"{what} file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml_text(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
@@ -381,7 +406,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
                 "e.g. train.steps=10 or cluster.partition=gpu"
             )
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = load_yaml_text(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         node = tree
