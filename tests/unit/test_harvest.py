@@ -344,3 +344,14 @@ def test_cli_wiring_exit_2(tmp_path, capsys):
     assert cli.main(["harvest", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hpcdp: error: path ") and err.count("\n") == 1
+
+
+def test_null_numbers_in_step_lines(tmp_path):
+    # The writer turns NaN/inf into null (a diverged fp16 step); such values are left out.
+    recs = [header("single-gpu", 1, 1, warmup_log_steps=0)] + [
+        step(i, 3.0, 1000, i) for i in (1, 2, 3)]
+    recs[2]["loss"] = None
+    recs[3]["mfu"] = None
+    recs[1]["mfu"] = recs[2]["mfu"] = 0.5
+    r = run_one(write_run(tmp_path / "n", recs))
+    assert r.steps == 3 and r.curve_step == [1, 3] and r.mfu == 0.5 and r.corrupt_lines == 0

@@ -150,3 +150,22 @@ def test_all_real_runs_together_with_plots(real_runs, tmp_path, capsys):
     csv_text = capsys.readouterr().out
     assert len(csv_text.splitlines()) == 1 + 3
     assert (out / "loss_vs_time.png").stat().st_size > 5000
+
+
+def test_fast_path_reads_the_real_writer_and_agrees_with_json(real_runs, tmp_path):
+    text = (real_runs["resumed"] / "metrics.jsonl").read_text()
+    step_lines = [ln for ln in text.splitlines() if ln.startswith(read._STEP_PREFIX)]
+    # Every step line of train/metrics.py takes the fast path (else harvest is only slower:
+    # if this fails after a change to the writer, update read._STEP_LINE).
+    assert step_lines and all(read._STEP_LINE.fullmatch(ln) for ln in step_lines)
+    # The same records with keys sorted miss the pattern and go through json.loads: same numbers.
+    (tmp_path / "sorted").mkdir()
+    (tmp_path / "sorted" / "metrics.jsonl").write_text("".join(
+        json.dumps(json.loads(ln), sort_keys=True) + "\n" for ln in text.splitlines()))
+    fast = read.read_metrics(real_runs["resumed"] / "metrics.jsonl")
+    slow = read.read_metrics(tmp_path / "sorted" / "metrics.jsonl")
+    assert not any(read._STEP_LINE.fullmatch(ln) for ln in
+                   (tmp_path / "sorted" / "metrics.jsonl").read_text().splitlines())
+    assert fast.steps == slow.steps and len(fast.steps) == 40
+    assert fast.last_time == slow.last_time
+    assert [s.offset_s for s in fast.segments] == [s.offset_s for s in slow.segments]
