@@ -110,11 +110,9 @@ def _check_horovod(jobs, profile: config.ClusterProfile) -> None:
     """Horovod strategies need Horovod where the job runs; checkable when that is this Python."""
     if profile.python or not any(job.strategy.mechanism == "horovod" for job in jobs):
         return
-    import importlib.util
+    from hpcdp import preflight
 
-    if importlib.util.find_spec("horovod") is None:
-        raise UsageError("strategy horovod needs Horovod, which is not installed in "
-                         f"{sys.executable}: run scripts/install-horovod.sh")
+    preflight.check_horovod(profile.horovod_controller)
 
 
 def cmd_submit(args) -> int:
