@@ -36,6 +36,16 @@ class Harvest:
     """{"queried": bool, "available": bool|None, "message": str}."""
 
 
+def short_name(run_dir: str | Path, run_dirs: list[Path]) -> str:
+    """A run's path relative to the folder all runs share (its name when alone)."""
+    import os
+
+    if len(run_dirs) < 2:
+        return Path(run_dir).name
+    common = os.path.commonpath([str(p) for p in run_dirs])
+    return os.path.relpath(str(run_dir), common)
+
+
 def _job_id(log: MetricsLog, submission: dict) -> str | None:
     """The job of the last segment (the header knows it), else what hpcdp submit recorded."""
     for segment in reversed(log.segments):
@@ -125,11 +135,11 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
     results.sort(key=RunResult.key)
     seen: dict[tuple, str] = {}
     for r in results:  # the first of several equal configurations is the one compared against
-        same = (r.experiment, r.strategy, r.nodes, r.precision)
+        same = (r.experiment, r.strategy, r.nodes, r.world_size, r.precision)
         if same in seen:
-            r.notes.append(f"same experiment/strategy/nodes/precision as {seen[same]}")
+            r.notes.append(f"same configuration as {seen[same]}")
         else:
-            seen[same] = Path(r.run_dir).name
+            seen[same] = short_name(r.run_dir, run_dirs)
     used_target = fill_comparisons(results, target_loss)
     return Harvest(runs=results, target_loss=used_target, accounting=accounting)
 

@@ -12,6 +12,12 @@ from hpcdp.errors import UsageError
 from hpcdp.harvest.table import RunResult
 
 
+def short_name(run_dir: str, run_dirs: list[Path]) -> str:
+    from hpcdp.harvest import short_name as name
+
+    return name(run_dir, run_dirs)
+
+
 def _figure():
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -30,28 +36,41 @@ def _label(r: RunResult, with_nodes: bool) -> str:
         label += f" ({r.precision})"
     if with_nodes:
         label += f" {r.nodes}n"
+        if r.world_size and r.nodes and r.world_size != r.nodes:
+            label += f"/{r.world_size}"
     return label
 
 
 def throughput_vs_nodes(results: list[RunResult], path: Path) -> Path:
-    """tokens/s against nodes, one line per (strategy, precision); the ideal line is dashed."""
+    """tokens/s against nodes, one line per (strategy, precision, ranks per node); dotted: linear
+    scaling from the 1-node run. Repeated runs of a point are hollow markers off the line."""
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
     groups: dict[tuple, list[RunResult]] = {}
-    for r in results:
+    for r in results:  # results come sorted: the first run of a point is the one compared
         if r.tokens_per_s is not None and r.nodes:
-            groups.setdefault((r.experiment, r.strategy, r.precision), []).append(r)
+            groups.setdefault((r.experiment, r.strategy, r.precision, r.tasks_per_node()),
+                              []).append(r)
     several_experiments = len({k[0] for k in groups}) > 1
-    for (experiment, _strategy, _precision), runs in groups.items():
-        runs.sort(key=lambda r: r.nodes)
-        label = _label(runs[0], with_nodes=False)
+    for (experiment, _strategy, _precision, per_node), runs in groups.items():
+        line_runs: dict[int, RunResult] = {}
+        for r in runs:
+            line_runs.setdefault(r.nodes, r)
+        points = sorted(line_runs.values(), key=lambda r: r.nodes)
+        label = _label(points[0], with_nodes=False)
+        if per_node and per_node > 1:
+            label += f", {per_node}/node"
         if several_experiments:
             label = f"{experiment}: {label}"
-        line, = ax.plot([r.nodes for r in runs], [r.tokens_per_s for r in runs], marker="o",
+        line, = ax.plot([r.nodes for r in points], [r.tokens_per_s for r in points], marker="o",
                         label=label)
-        one = next((r for r in runs if r.nodes == 1), None)
-        if one is not None and len(runs) > 1:  # ideal linear scaling from the 1-node run
-            xs = [r.nodes for r in runs]
+        repeats = [r for r in runs if line_runs[r.nodes] is not r]
+        if repeats:
+            ax.plot([r.nodes for r in repeats], [r.tokens_per_s for r in repeats], marker="o",
+                    linestyle="none", markerfacecolor="none", color=line.get_color())
+        one = line_runs.get(1)
+        if one is not None and len(points) > 1:
+            xs = [r.nodes for r in points]
             ax.plot(xs, [one.tokens_per_s * n for n in xs], linestyle=":", color=line.get_color(),
                     alpha=0.5)
     nodes = sorted({r.nodes for rs in groups.values() for r in rs})
@@ -62,9 +81,8 @@ def throughput_vs_nodes(results: list[RunResult], path: Path) -> Path:
     ax.set_title("Throughput vs nodes (dotted: linear scaling from 1 node)")
     ax.grid(True, alpha=0.3)
     if groups:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path)
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(path, bbox_inches="tight")
     return path
 
 
@@ -78,7 +96,7 @@ def loss_vs_time(results: list[RunResult], path: Path, target_loss: float | None
         if not r.curve_loss:
             continue
         if labels.count(label) > 1:  # two runs of one configuration: name their folders
-            label += f" ({Path(r.run_dir).name})"
+            label += f" ({short_name(r.run_dir, [Path(x.run_dir) for x in results])})"
         ax.plot(r.curve_time_s, r.curve_loss, linewidth=1.0,
                 label=label)
         drawn += 1
@@ -89,8 +107,7 @@ def loss_vs_time(results: list[RunResult], path: Path, target_loss: float | None
     ax.set_ylabel("training loss")
     ax.set_title("Loss vs time")
     ax.grid(True, alpha=0.3)
-    if drawn:
-        ax.legend(fontsize="x-small", ncol=2)
-    fig.tight_layout()
-    fig.savefig(path)
+    if drawn:  # beside the axes: with a dozen runs it would hide the curves
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(path, bbox_inches="tight")
     return path

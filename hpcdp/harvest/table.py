@@ -70,10 +70,14 @@ class RunResult:
     curve_loss: list[float] = field(default_factory=list, repr=False)
 
     def key(self) -> tuple:
-        """Sort key: experiment, the registry's strategy order, nodes, precision, dir."""
+        """Sort key: experiment, the registry's strategy order, nodes, world, precision, dir."""
         order = {name: i for i, name in enumerate(strategies.NAMES)}
         return (self.experiment or "", order.get(self.strategy or "", len(order)),
-                self.strategy or "", self.nodes or 0, self.precision or "", self.run_dir)
+                self.strategy or "", self.nodes or 0, self.world_size or 0, self.precision or "",
+                self.run_dir)
+
+    def tasks_per_node(self) -> int | None:
+        return self.world_size // self.nodes if self.world_size and self.nodes else None
 
     def to_dict(self, with_curve: bool = False) -> dict:
         skip = () if with_curve else ("curve_step", "curve_time_s", "curve_loss")
@@ -164,11 +168,15 @@ def fill_comparisons(results: list[RunResult], target_loss: float | None) -> flo
     Default target: the highest final loss among the runs, so that every run reaches it.
     """
     baselines: dict[str | None, float] = {}  # experiment -> single-gpu fp32 1-node tokens/s
-    one_node: dict[tuple, float] = {}  # (experiment, strategy, precision) -> tokens/s at 1 node
+    # (experiment, strategy, precision[, tasks per node]) -> tokens/s on 1 node: the same
+    # processes per node when there is such a run (4 ranks on 2 nodes vs 4 ranks on 1), else any.
+    one_node: dict[tuple, float] = {}
     for r in sorted(results, key=RunResult.key):
         if r.tokens_per_s is None or r.nodes != 1:
             continue
         one_node.setdefault((r.experiment, r.strategy, r.precision), r.tokens_per_s)
+        one_node.setdefault((r.experiment, r.strategy, r.precision, r.tasks_per_node()),
+                            r.tokens_per_s)
         if r.strategy == BASELINE_STRATEGY and r.precision == BASELINE_PRECISION:
             baselines.setdefault(r.experiment, r.tokens_per_s)
     for r in results:
@@ -179,7 +187,8 @@ def fill_comparisons(results: list[RunResult], target_loss: float | None) -> flo
             r.speedup = r.tokens_per_s / base
             if r.world_size:
                 r.efficiency_vs_single = r.tokens_per_s / (r.world_size * base)
-        ref = one_node.get((r.experiment, r.strategy, r.precision))
+        ref = one_node.get((r.experiment, r.strategy, r.precision, r.tasks_per_node()),
+                           one_node.get((r.experiment, r.strategy, r.precision)))
         if ref and r.nodes:
             r.scaling_efficiency = r.tokens_per_s / (r.nodes * ref)
     if target_loss is None:

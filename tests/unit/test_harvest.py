@@ -355,3 +355,14 @@ def test_null_numbers_in_step_lines(tmp_path):
     recs[1]["mfu"] = recs[2]["mfu"] = 0.5
     r = run_one(write_run(tmp_path / "n", recs))
     assert r.steps == 3 and r.curve_step == [1, 3] and r.mfu == 0.5 and r.corrupt_lines == 0
+
+
+def test_scaling_reference_has_the_same_ranks_per_node_and_duplicates_say_so(tmp_path):
+    simple_run(tmp_path / "a" / "ddp-1n-2", "distributed-ps", 1, 2, tps=1800.0)
+    simple_run(tmp_path / "a" / "ddp-1n-4", "distributed-ps", 1, 4, tps=3000.0)
+    simple_run(tmp_path / "a" / "ddp-2n-4", "distributed-ps", 2, 4, tps=3000.0)
+    simple_run(tmp_path / "b" / "ddp-2n-4", "distributed-ps", 2, 4, tps=2000.0)
+    rows = harvest.harvest([tmp_path], query_slurm=False)
+    assert [(r.nodes, r.world_size) for r in rows] == [(1, 2), (1, 4), (2, 4), (2, 4)]
+    assert rows[2].scaling_efficiency == pytest.approx(3000 / (2 * 1800))  # 2/node vs 2/node
+    assert rows[3].notes == ["same configuration as a/ddp-2n-4"]
