@@ -53,7 +53,8 @@ def write_runs(root: Path, runs: int, steps: int) -> int:
             elapsed += dt
             loss = max(2.0, loss * 0.9995)
             lines.append(json.dumps({
-                "kind": "step", "time": t0 + elapsed, "step": step, "loss": loss + rng.random() * .01,
+                "kind": "step", "time": t0 + elapsed, "step": step,
+                "loss": loss + rng.random() * 0.01,
                 "lr": 1.5e-4, "grad_norm": 0.8 + rng.random(), "loss_scale": 65536.0,
                 "skipped": False, "step_time_s": dt, "tokens_per_s": 2048 * world / dt,
                 "tokens_seen": step * 2048 * world, "elapsed_s": elapsed,

@@ -61,7 +61,8 @@ def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
     if r.restarts:
         notes.append(f"requeued/resumed {r.restarts}x ({r.segments} segments)")
     if log.corrupt_lines:
-        recovered = f", {log.recovered_records} record(s) recovered" if log.recovered_records else ""
+        recovered = (f", {log.recovered_records} record(s) recovered"
+                     if log.recovered_records else "")
         notes.append(f"{log.corrupt_lines} corrupt line(s) skipped{recovered}")
     if log.truncated:
         notes.append("last line cut mid-write")
@@ -175,7 +176,8 @@ def write_outputs(result: Harvest, out_dir: Path, plots: bool = True) -> list[Pa
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"--out {str(out_dir)!r} cannot be created: {exc.strerror or exc}") from None
+        raise UsageError(
+            f"--out {str(out_dir)!r} cannot be created: {exc.strerror or exc}") from None
     written = []
     for name, text in (("table.md", render(result, "markdown")),
                        ("table.csv", render(result, "csv")),
@@ -186,7 +188,8 @@ def write_outputs(result: Harvest, out_dir: Path, plots: bool = True) -> list[Pa
     if plots:
         from hpcdp.harvest import plots as figures
 
-        written.append(figures.throughput_vs_nodes(result.runs, out_dir / "throughput_vs_nodes.png"))
+        written.append(figures.throughput_vs_nodes(result.runs,
+                                                   out_dir / "throughput_vs_nodes.png"))
         written.append(figures.loss_vs_time(result.runs, out_dir / "loss_vs_time.png",
                                             result.target_loss))
     return written

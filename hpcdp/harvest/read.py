@@ -136,20 +136,13 @@ def _floats(column: tuple[str, ...]) -> list[float | None]:
     return [None if v == "null" else float(v) for v in column]
 
 
-def _float_or_none(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 class _Reader:
     """Builds a MetricsLog record by record; matched step lines wait in `pending` (text) and are
     converted a column at a time when something else comes or the file ends."""
 
     def __init__(self, log: MetricsLog) -> None:
         self.log = log
-        self.pending: list[tuple[str, ...]] = []
+        self.pending: list[re.Match] = []
         self.times: list[float] = []
 
     def segment(self) -> Segment:
@@ -160,23 +153,21 @@ class _Reader:
     def flush(self) -> None:
         if not self.pending:
             return
-        rows, self.pending = self.pending, []
+        matches, self.pending = self.pending, []
         c = self.log.columns
         segment = self.segment()
-        times, *cols = zip(*rows)
+        times, *cols = zip(*(m.groups() for m in matches))
         try:
             converted = [list(map(int, col)) if i == 0 else _floats(col)
                          for i, col in enumerate(cols)]
             newest = _floats(times[-1:])[0]  # rows of one segment come in time order
-        except ValueError:  # a number the pattern let through but float() refuses: one by one
-            for row in rows:
-                record = dict(zip(STEP_FIELDS, map(_float_or_none, row)), kind="step")
-                record["step"] = int(row[1])
-                self.add_record(record)
+        except ValueError:  # a number the pattern let through but float() refuses ("1-2"):
+            for match in matches:  # read those lines as any other line
+                self.add_line(match.string)
             return
         for name, values in zip(COLUMNS, converted):
             getattr(c, name).extend(values)
-        c.seg.extend([len(self.log.segments) - 1] * len(rows))
+        c.seg.extend([len(self.log.segments) - 1] * len(matches))
         if newest is not None:
             self.times.append(newest)
         self._segment_bounds(segment, converted[0][0], converted[0][-1], converted[4][-1])
@@ -193,8 +184,28 @@ class _Reader:
         match = _STEP_LINE.fullmatch(line)
         if match is None:
             return False
-        self.pending.append(match.groups())
+        self.pending.append(match)
         return True
+
+    def add_line(self, line: str, may_be_cut: bool = False) -> None:
+        """Any line, through json.loads: a record, or a corrupt line (one cut by a kill when
+        it is the file's unterminated last line), with a record glued behind it recovered."""
+        log = self.log
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and "kind" in record:
+            self.add_record(record)
+            return
+        if may_be_cut:
+            log.truncated = True  # the writer died mid-line: expected after a kill, said so
+        else:
+            log.corrupt_lines += 1
+        fused = _loads_fused(line)
+        if fused is not None:
+            self.add_record(fused)
+            log.recovered_records += 1
 
     def add_record(self, record: dict) -> None:
         self.flush()
@@ -253,27 +264,12 @@ def read_metrics(path: Path) -> MetricsLog:
     lines = text.splitlines()
     log.lines = len(lines)
     last_index = len(lines) - 1
-    add_step_line, add_record, loads = reader.add_step_line, reader.add_record, json.loads
+    add_step_line, add_line = reader.add_step_line, reader.add_line
     for i, line in enumerate(lines):
         if line.startswith(_STEP_PREFIX) and add_step_line(line):
             continue
-        if not line.strip():
-            continue
-        try:
-            record = loads(line)
-        except ValueError:
-            record = None
-        if isinstance(record, dict) and "kind" in record:
-            add_record(record)
-            continue
-        if i == last_index and truncated_tail:
-            log.truncated = True  # the writer died mid-line: expected after a kill, said so
-        else:
-            log.corrupt_lines += 1
-        fused = _loads_fused(line)
-        if fused is not None:
-            add_record(fused)
-            log.recovered_records += 1
+        if line.strip():
+            add_line(line, may_be_cut=truncated_tail and i == last_index)
     return reader.finish()
 
 

@@ -188,8 +188,8 @@ def test_slurm_log_traceback_becomes_a_note(tmp_path):
 
     path = simple_run(tmp_path / "f", "single-gpu", 1, 1, tps=10.0)
     # A real traceback, printed by a real interpreter, as Slurm's log would hold it.
-    proc = subprocess.run([sys.executable, "-c", "def f():\n raise RuntimeError('boom: nccl')\nf()"],
-                          capture_output=True, text=True)
+    code = "def f():\n raise RuntimeError('boom: nccl')\nf()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     (path / "slurm-555.out").write_text("step 1/5 | loss 4.0\n" + proc.stderr)
     r = run_one(path)
     assert "slurm-555.out: RuntimeError: boom: nccl" in r.notes
@@ -366,3 +366,13 @@ def test_scaling_reference_has_the_same_ranks_per_node_and_duplicates_say_so(tmp
     assert [(r.nodes, r.world_size) for r in rows] == [(1, 2), (1, 4), (2, 4), (2, 4)]
     assert rows[2].scaling_efficiency == pytest.approx(3000 / (2 * 1800))  # 2/node vs 2/node
     assert rows[3].notes == ["same configuration as a/ddp-2n-4"]
+
+
+def test_a_number_only_the_pattern_accepts_is_a_corrupt_line(tmp_path):
+    # "1-2" fits the fast pattern's number shape but is not JSON: read like any other line.
+    recs = [header("single-gpu", 1, 1)] + [step(i, 3.0, 1000, i) for i in (1, 2, 3)]
+    path = write_run(tmp_path / "n", recs)
+    text = (path / "metrics.jsonl").read_text().replace('"loss": 3.0, "lr"', '"loss": 1-2, "lr"', 1)
+    (path / "metrics.jsonl").write_text(text)
+    log = read.read_metrics(path / "metrics.jsonl")
+    assert log.corrupt_lines == 1 and sorted(log.steps) == [2, 3]
