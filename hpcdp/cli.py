@@ -197,16 +197,20 @@ def cmd_status(args) -> int:
         info = infos.get(record["job_id"])
         rows.append({**record, "state": info.state if info else "UNKNOWN",
                      "exit_code": info.exit_code if info else None,
-                     "elapsed_s": info.elapsed_s if info else None})
+                     "elapsed_s": info.elapsed_s if info else None,
+                     "restarts": info.restarts if info else None})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    header = f"{'JOB':>10}  {'STATE':<12} {'STRATEGY':<20} {'NODES':>5}  {'ELAPSED':>8}  RUN"
-    print(header)
+    print(f"{'JOB':>10}  {'STATE':<12} {'STRATEGY':<20} {'NODES':>5}  {'ELAPSED':>8}  RUN")
     for row in rows:
         elapsed = "" if row["elapsed_s"] is None else f"{row['elapsed_s']:.0f}s"
-        print(f"{row['job_id']:>10}  {row['state']:<12} {row['strategy']:<20} {row['nodes']:>5}  "
+        state = row["state"] + (f" x{row['restarts']}" if row["restarts"] else "")
+        print(f"{row['job_id']:>10}  {state:<12} {row['strategy']:<20} {row['nodes']:>5}  "
               f"{elapsed:>8}  {row['run_dir']}")
+    if infos.accounting_available is False:
+        print(f"hpcdp: sacct is unavailable ({infos.accounting_message}); ended jobs show "
+              "UNKNOWN", file=sys.stderr)
     return 0
 
 
@@ -317,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("harvest", help="tables and plots from finished runs")
     from hpcdp import harvest  # light: matplotlib is imported only when plotting
-    getattr(harvest, "add_arguments", lambda p: None)(p)  # TEMP until harvest lands
+    harvest.add_arguments(p)
     p.set_defaults(func=cmd_harvest)
     return parser
 

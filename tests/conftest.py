@@ -13,6 +13,14 @@ import pytest
 WEIRD_NAME = "we ird'dir\"$(touch PWNED)`touch TICK`;echo hi"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_job_records(tmp_path_factory) -> Iterator[None]:
+    """Jobs the tests submit are recorded in a private folder, not in the user's
+    ~/.local/state/hpcdp (what `hpcdp status` shows them)."""
+    os.environ["HPCDP_STATE_DIR"] = str(tmp_path_factory.mktemp("hpcdp-state"))
+    yield
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[Path]:
     """The local Slurm cluster (started when it is not up); yields its directory.

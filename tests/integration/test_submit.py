@@ -90,27 +90,19 @@ def test_rendered_script_runs_by_hand_with_sbatch_on_two_nodes(slurm_cluster, tm
 
 
 def test_hpcdp_submit_wait_completes_on_two_nodes(slurm_cluster, tmp_path):
-    state_dir = tmp_path / "state"
-    env_before = os.environ.get("HPCDP_STATE_DIR")
-    os.environ["HPCDP_STATE_DIR"] = str(state_dir)
-    try:
-        result = hpcdp("submit", "--strategy", "distributed-ps", "--nodes", "2", "--wait",
-                       "--out", str(tmp_path / "runs"), *FAST, cwd=tmp_path)
-        assert "COMPLETED" in result.stdout
-        record = json.loads((state_dir / "jobs.jsonl").read_text().splitlines()[-1])
-        run_dir = Path(record["run_dir"])
-        # submitit sent exactly the rendered script
-        submitted = sorted((run_dir / ".submitit").rglob("*submission.sh"))
-        assert submitted and submitted[0].read_text() == (run_dir / "job.sbatch").read_text()
-        assert metrics(run_dir)[0]["world_size"] == 2
-        status = hpcdp("status", "--json", cwd=tmp_path)
-        rows = json.loads(status.stdout)
-        assert rows[-1]["job_id"] == record["job_id"] and rows[-1]["state"] == "COMPLETED"
-    finally:
-        if env_before is None:
-            os.environ.pop("HPCDP_STATE_DIR", None)
-        else:
-            os.environ["HPCDP_STATE_DIR"] = env_before
+    result = hpcdp("submit", "--strategy", "distributed-ps", "--nodes", "2", "--wait",
+                   "--out", str(tmp_path / "runs"), *FAST, cwd=tmp_path)
+    assert "COMPLETED" in result.stdout
+    state_file = Path(os.environ["HPCDP_STATE_DIR"]) / "jobs.jsonl"
+    record = json.loads(state_file.read_text().splitlines()[-1])
+    run_dir = Path(record["run_dir"])
+    assert run_dir.parent.parent == tmp_path / "runs"
+    # submitit sent exactly the rendered script
+    submitted = sorted((run_dir / ".submitit").rglob("*submission*"))
+    assert submitted and submitted[0].read_text() == (run_dir / "job.sbatch").read_text()
+    assert metrics(run_dir)[0]["world_size"] == 2
+    rows = json.loads(hpcdp("status", "--json", cwd=tmp_path).stdout)
+    assert rows[-1]["job_id"] == record["job_id"] and rows[-1]["state"] == "COMPLETED"
 
 
 def test_submit_wait_exits_nonzero_when_the_job_fails(slurm_cluster, tmp_path):
