@@ -106,6 +106,17 @@ def _local_cluster_env(profile: config.ClusterProfile) -> None:
     os.environ.update(cluster.slurm_env())
 
 
+def _fallback_slurm_env() -> None:
+    """For commands that read Slurm's accounting (status, harvest): with no SLURM_CONF and no
+    system slurm.conf, use the local cluster's when it runs, as a user of it would expect."""
+    if os.environ.get("SLURM_CONF") or Path("/etc/slurm/slurm.conf").exists():
+        return
+    from hpcdp import cluster
+
+    if cluster.is_up():
+        os.environ.update(cluster.slurm_env())
+
+
 def _check_horovod(jobs, profile: config.ClusterProfile) -> None:
     """Horovod strategies need Horovod where the job runs; checkable when that is this Python."""
     if profile.python or not any(job.strategy.mechanism == "horovod" for job in jobs):
@@ -179,18 +190,7 @@ def cmd_status(args) -> int:
     if not records:
         print(f"no jobs submitted by hpcdp yet (records: {submit.state_file()})")
         return 0
-    profile_env_done = set()
-    for record in records:
-        name = record.get("cluster")
-        if name and name not in profile_env_done:
-            profile_env_done.add(name)
-            try:
-                profile = config.load_profile(name)
-            except UsageError:
-                continue
-            if profile.local_cluster:
-                from hpcdp import cluster
-                os.environ.update(cluster.slurm_env())
+    _fallback_slurm_env()
     infos = slurm.query_jobs([r["job_id"] for r in records])  # one call for all jobs
     rows = []
     for record in records:
@@ -269,6 +269,7 @@ def cmd_strategies(args) -> int:
 def cmd_harvest(args) -> int:
     from hpcdp import harvest
 
+    _fallback_slurm_env()
     return harvest.main(args)
 
 
