@@ -131,3 +131,15 @@ def test_weird_paths_render_inert(slurm_cluster, weird_tmp_path):
         for payload in ("PWNED", "TICK"):
             assert not (base / payload).exists(), f"{base / payload} was created"
     assert not list(weird_tmp_path.parent.rglob("PWNED"))
+
+
+def test_a_master_that_is_not_rank0s_node_fails_fast(slurm_cluster, tmp_path):
+    """MASTER_ADDR forced to the second node: rank 0 (on node1) stops at once, naming both,
+    instead of every rank waiting out the rendezvous timeout."""
+    result = hpcdp("submit", "--strategy", "distributed-ps", "--nodes", "2", "--wait",
+                   "--out", str(tmp_path / "runs"), "--set", "cluster.env={MASTER_ADDR: node2}",
+                   "--set", "train.dist_timeout_s=600", *FAST, cwd=tmp_path, check=False)
+    assert result.returncode == 1 and "FAILED" in result.stdout
+    log = next((tmp_path / "runs" / "smoke" / "distributed-ps-2n").glob("slurm-*.out"))
+    text = log.read_text()
+    assert "rank 0 runs on 'node1' but MASTER_ADDR is 'node2'" in text, text[-2000:]

@@ -7,14 +7,15 @@ is why its DDP could not span nodes.
 
 from __future__ import annotations
 
-import contextlib
 import os
+import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from hpcdp import distenv
 from train.strategies import Strategy, local_device
 
 
@@ -22,6 +23,8 @@ class DDPStrategy(Strategy):
     def setup(self, env, timeout_s: int) -> None:
         n_gpus = torch.cuda.device_count()
         self.device = local_device(env.device_index(n_gpus) if n_gpus else 0)
+        # A master that is not rank 0's node would make every rank wait for the timeout.
+        distenv.check_master_is_rank0_node(env, socket.gethostname())
         os.environ.update(env.torch_env())
         dist.init_process_group(
             backend="nccl" if self.device.type == "cuda" else "gloo",

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hpcdp import distenv
 from hpcdp.errors import UsageError
 from train.strategies import Strategy, local_device
 
@@ -37,6 +38,8 @@ class HorovodStrategy(Strategy):
     def setup(self, env, timeout_s: int) -> None:
         hvd = self.hvd = import_horovod()
         if wants_slurm_gloo_rendezvous(env, os.environ):
+            # Rank 0 serves the rendezvous at the master address: it must be its own node.
+            distenv.check_master_is_rank0_node(env, socket.gethostname())
             self._rendezvous = gloo_rendezvous(env, timeout_s)
         hvd.init()
         self.rank, self.world_size = hvd.rank(), hvd.size()

@@ -1,0 +1,44 @@
+"""`hpcdp run`: the demo's fallback where no Slurm can start. Real local processes (python,
+torchrun), the same experiment file and run layout as a Slurm job, no SLURM_* variables."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FAST = ["--set", "train.steps=5", "--set", "train.eval_interval=0",
+        "--set", "data.corpus=synthetic"]
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("strategy,world", [("single-gpu", 1), ("distributed-ps", 2)])
+def test_hpcdp_run_trains_as_local_processes(strategy, world, tmp_path):
+    # Even inside an allocation, `hpcdp run` must not let srun's variables describe its world.
+    env = {**os.environ, "SLURM_JOB_ID": "999", "SLURM_PROCID": "3", "SLURM_NTASKS": "8"}
+    result = subprocess.run(
+        [sys.executable, "-m", "hpcdp", "run", "--strategy", strategy, "--ranks", "2",
+         "--out", str(tmp_path / "runs"), *FAST],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "local process" in result.stdout and "no Slurm" in result.stdout
+    run_dir = tmp_path / "runs" / "smoke" / f"{strategy}-1n"
+    header, *_, summary = records(run_dir)
+    assert header["world_size"] == world and header["slurm_job_id"] in (None, "")
+    assert summary["status"] == "completed" and summary["replicas_identical"] is True
+    assert (run_dir / "job.sbatch").exists()  # the same script, ready for a later sbatch
+
+
+def test_hpcdp_run_refuses_more_than_one_node(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "hpcdp", "run", "--strategy", "ddp",
+                             "--nodes", "2", "--out", str(tmp_path / "runs")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--nodes 2" in result.stderr and "hpcdp submit" in result.stderr
+    assert not (tmp_path / "runs").exists()
