@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hpcdp import strategies
 from hpcdp.errors import UsageError, one_line
 
 INTERRUPTED_EXIT = 143
-_STRATEGIES = "single-gpu, single-ps, distributed-ps, horovod, distributed-ps-apex, horovod-apex"
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(prep)
     run = sub.add_parser("run", help="train (every process of the job runs this)")
     _common(run)
-    run.add_argument("--strategy", required=True, metavar="S", help=f"one of: {_STRATEGIES}")
+    run.add_argument("--strategy", required=True, metavar="S", help=f"one of: {', '.join(strategies.NAMES)}")
     run.add_argument("--out", required=True, metavar="DIR",
                      help="run folder: metrics.jsonl and checkpoints/ go here")
     run.add_argument("--resume", action="store_true",
@@ -64,8 +64,6 @@ def main(argv: list[str] | None = None) -> int:
 
             prepare(exp)
             return 0
-        from hpcdp import strategies
-
         strategies.get(args.strategy)  # a typo fails before torch loads
         for flag in ("expect_world", "expect_tasks_per_node"):
             value = getattr(args, flag)
