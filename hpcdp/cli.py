@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from hpcdp import __version__, config, strategies
@@ -191,7 +192,16 @@ def cmd_status(args) -> int:
         print(f"no jobs submitted by hpcdp yet (records: {submit.state_file()})")
         return 0
     _fallback_slurm_env()
-    infos = slurm.query_jobs([r["job_id"] for r in records])  # one call for all jobs
+    while True:
+        infos = slurm.query_jobs([r["job_id"] for r in records])  # one call for all jobs
+        _print_status(records, infos, as_json=args.json)
+        if not args.watch or all(slurm.is_terminal(i.state) for i in infos.values()):
+            return 0
+        time.sleep(args.watch)
+        print()
+
+
+def _print_status(records: list[dict], infos, as_json: bool) -> None:
     rows = []
     for record in records:
         info = infos.get(record["job_id"])
@@ -199,19 +209,19 @@ def cmd_status(args) -> int:
                      "exit_code": info.exit_code if info else None,
                      "elapsed_s": info.elapsed_s if info else None,
                      "restarts": info.restarts if info else None})
-    if args.json:
+    if as_json:
         print(json.dumps(rows, indent=2))
-        return 0
-    print(f"{'JOB':>10}  {'STATE':<12} {'STRATEGY':<20} {'NODES':>5}  {'ELAPSED':>8}  RUN")
+        return
+    print(f"{'JOB':>10}  {'STATE':<12} {'STRATEGY':<20} {'NODES':>5}  {'ELAPSED':>8}  RUN"
+          f"   ({time.strftime('%H:%M:%S')})")
     for row in rows:
         elapsed = "" if row["elapsed_s"] is None else f"{row['elapsed_s']:.0f}s"
         state = row["state"] + (f" x{row['restarts']}" if row["restarts"] else "")
         print(f"{row['job_id']:>10}  {state:<12} {row['strategy']:<20} {row['nodes']:>5}  "
-              f"{elapsed:>8}  {row['run_dir']}")
+              f"{elapsed:>8}  {row['run_dir']}", flush=True)
     if infos.accounting_available is False:
         print(f"hpcdp: sacct is unavailable ({infos.accounting_message}); ended jobs show "
               "UNKNOWN", file=sys.stderr)
-    return 0
 
 
 def cmd_env(args) -> int:
@@ -306,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--last", type=int, default=20, help="show the last N jobs (default 20)")
     p.add_argument("--cluster", dest="cluster_filter", help="only jobs of this profile")
+    p.add_argument("--watch", type=float, metavar="SECONDS",
+                   help="refresh every SECONDS until every job shown has ended")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("env", help="the distributed environment train/ derives in this shell")

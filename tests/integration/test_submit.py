@@ -143,3 +143,26 @@ def test_a_master_that_is_not_rank0s_node_fails_fast(slurm_cluster, tmp_path):
     log = next((tmp_path / "runs" / "smoke" / "distributed-ps-2n").glob("slurm-*.out"))
     text = log.read_text()
     assert "rank 0 runs on 'node1' but MASTER_ADDR is 'node2'" in text, text[-2000:]
+
+
+def test_status_asks_slurm_once_for_all_jobs(slurm_cluster, tmp_path):
+    """Three jobs, one `hpcdp status`: one squeue and at most one sacct call. The real commands
+    answer; wrappers first on PATH only count the calls."""
+    for _ in range(3):
+        hpcdp("submit", "--strategy", "single-gpu", "--out", str(tmp_path / "runs"), *FAST,
+              cwd=tmp_path)
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    calls = tmp_path / "calls.log"
+    for tool in ("squeue", "sacct"):
+        real = subprocess.run(["which", tool], capture_output=True, text=True).stdout.strip()
+        (shims / tool).write_text(f'#!/bin/sh\necho {tool} >> "{calls}"\nexec {real} "$@"\n')
+        (shims / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"}
+    result = subprocess.run([sys.executable, "-m", "hpcdp", "status", "--json"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert len(rows) >= 3 and all(r["state"] != "UNKNOWN" for r in rows[-3:])
+    made = calls.read_text().split()
+    assert made.count("squeue") == 1 and made.count("sacct") <= 1, made
