@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -92,6 +93,30 @@ def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
     return notes
 
 
+def _read_run(run_dir: Path) -> tuple[RunResult, MetricsLog]:
+    log = read_metrics(run_dir / "metrics.jsonl")
+    r = summarize_log(run_dir, log)
+    log.columns, log.order = StepColumns(), []  # the numbers are in r now: free the rows
+    r.job_id = _job_id(log, read_submission(run_dir))
+    return r, log
+
+
+# Below this many runs, starting worker processes costs more than it saves.
+_PARALLEL_FROM_RUNS = 8
+
+
+def _read_runs(run_dirs: list[Path]) -> list[tuple[RunResult, MetricsLog]]:
+    """Read runs, in worker processes when there are many: parsing is CPU-bound Python and runs
+    are independent (bench/harvest_bench.py measures the difference)."""
+    workers = min(os.cpu_count() or 1, 8, len(run_dirs))
+    if workers < 2 or len(run_dirs) < _PARALLEL_FROM_RUNS:
+        return [_read_run(d) for d in run_dirs]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_read_run, run_dirs, chunksize=4))
+
+
 def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm: bool = True,
             env: Mapping[str, str] | None = None, now: float | None = None) -> Harvest:
     """Read every run under `paths`, ask Slurm once for all their jobs, fill the comparison.
@@ -100,13 +125,7 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
     last record is recent); default: the current time.
     """
     run_dirs = find_run_dirs([Path(p) for p in paths])
-    logs = []
-    for run_dir in run_dirs:
-        log = read_metrics(run_dir / "metrics.jsonl")
-        r = summarize_log(run_dir, log)
-        log.columns, log.order = StepColumns(), []  # the numbers are in r now: free the rows
-        r.job_id = _job_id(log, read_submission(run_dir))
-        logs.append((r, log))
+    logs = _read_runs(run_dirs)
     job_ids = [r.job_id for r, _ in logs if r.job_id]
     infos: dict = {}
     accounting: dict = {"queried": False, "available": None, "message": ""}
