@@ -120,7 +120,7 @@ def _fallback_slurm_env() -> None:
 
 def _check_horovod(jobs, profile: config.ClusterProfile) -> None:
     """Horovod strategies need Horovod where the job runs; checkable when that is this Python."""
-    if profile.python or not any(job.strategy.mechanism == "horovod" for job in jobs):
+    if profile.python or not any(job.strategy.needs_horovod for job in jobs):
         return
     from hpcdp import preflight
 

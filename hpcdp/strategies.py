@@ -39,6 +39,10 @@ class Strategy:
     """How `hpcdp run` starts it on this machine without Slurm."""
     aliases: tuple[str, ...] = ()
 
+    @property
+    def needs_horovod(self) -> bool:
+        return self.mechanism == "horovod"
+
     def tasks_per_node(self, devices_per_node: int) -> int:
         """Processes Slurm starts on each node, given GPUs (or CPU ranks) per node."""
         return devices_per_node if self.launch == "one-per-device" else 1
@@ -131,6 +135,10 @@ STRATEGIES: tuple[Strategy, ...] = (
         aliases=("hvd-apex", "horovod-amp"),
     ),
 )
+
+# The reference every speed-up is measured against (the paper's baseline).
+BASELINE = STRATEGIES[0]
+assert BASELINE.name == "single-gpu"
 
 _BY_NAME = {s.name: s for s in STRATEGIES} | {a: s for s in STRATEGIES for a in s.aliases}
 NAMES = tuple(s.name for s in STRATEGIES)
