@@ -85,9 +85,9 @@ def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
     if r.state == "ENDING":
         notes.append("state provisional (sacct not final yet)")
     if scan.last_exception:
-        notes.append(f"{scan.files[-1]}: {scan.last_exception}")
+        notes.append(f"{scan.last_exception_file}: {scan.last_exception}")
     elif scan.tracebacks:
-        notes.append(f"{scan.files[-1]}: traceback")
+        notes.append(f"{scan.last_traceback_file}: traceback")
     if scan.error_lines and not scan.last_exception:
         notes.append(f"{scan.error_lines} error line(s) in slurm log, first: {scan.first_error}")
     return notes

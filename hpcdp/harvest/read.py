@@ -322,6 +322,10 @@ class SlurmLogScan:
     error_lines: int = 0
     first_error: str | None = None
     last_exception: str | None = None
+    last_exception_file: str | None = None
+    """The slurm-*.out that last_exception was read from."""
+    last_traceback_file: str | None = None
+    """The slurm-*.out holding the last traceback seen."""
 
 
 def scan_slurm_logs(run_dir: Path, job_ids: list[str] | None = None) -> SlurmLogScan:
@@ -342,11 +346,13 @@ def scan_slurm_logs(run_dir: Path, job_ids: list[str] | None = None) -> SlurmLog
         for line in lines:
             if "Traceback (most recent call last)" in line:
                 scan.tracebacks += 1
+                scan.last_traceback_file = log_path.name
                 in_traceback = True
                 continue
             if in_traceback and _EXCEPTION_RE.match(line):
                 # Ranks' prefixes ("0: ") are kept: they say which rank failed.
                 scan.last_exception = line.strip()[:200]
+                scan.last_exception_file = log_path.name
                 in_traceback = False
                 continue
             if in_traceback:

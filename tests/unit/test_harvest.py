@@ -193,6 +193,12 @@ def test_slurm_log_traceback_becomes_a_note(tmp_path):
     (path / "slurm-555.out").write_text("step 1/5 | loss 4.0\n" + proc.stderr)
     r = run_one(path)
     assert "slurm-555.out: RuntimeError: boom: nccl" in r.notes
+    # A later log without a traceback (a requeued job's second log): the note still names the
+    # file the exception was read from, not the last file scanned.
+    (path / "slurm-556.out").write_text("step 1/5 | loss 4.0\n")
+    r = run_one(path)
+    assert "slurm-555.out: RuntimeError: boom: nccl" in r.notes
+    assert not any(n.startswith("slurm-556.out") for n in r.notes)
 
 
 def test_slurm_log_error_lines_become_a_note(tmp_path):
