@@ -195,7 +195,8 @@ def cmd_status(args) -> int:
     while True:
         infos = slurm.query_jobs([r["job_id"] for r in records])  # one call for all jobs
         _print_status(records, infos, as_json=args.json)
-        if not args.watch or all(slurm.is_terminal(i.state) for i in infos.values()):
+        if not args.watch or all(slurm.has_ended(i, infos.accounting_available)
+                                 for i in infos.values()):
             return 0
         time.sleep(args.watch)
         print()

@@ -218,7 +218,7 @@ def _run(argv: list[str], env: Mapping[str, str] | None) -> tuple[int, str, str]
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def _first_line(text: str) -> str:
+def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
@@ -251,7 +251,7 @@ def sacct(job_ids: list[str], env: Mapping[str, str] | None = None
         f"--format={','.join(_SACCT_FIELDS)}",
     ], env)
     if rc != 0:
-        reason = _first_line(err) or f"sacct exited with {rc}"
+        reason = _last_line(err) or f"sacct exited with {rc}"
         _accounting = (False, reason)
         return {}, False, reason
     _accounting = (True, "")
@@ -302,19 +302,26 @@ def accounting_status(env: Mapping[str, str] | None = None) -> tuple[bool, str]:
     return _accounting
 
 
+def has_ended(info: JobInfo, accounting_available: bool | None) -> bool:
+    """Whether to stop waiting for a job: sacct gave a final state, or (without accounting)
+    squeue no longer shows it, so no final record will ever come."""
+    if info.source == "sacct" and is_terminal(info.state):
+        return True
+    return info.source == "none" and accounting_available is False
+
+
 def wait_for_final(job_id: str, timeout_s: float, poll_s: float = 2.0,
                    env: Mapping[str, str] | None = None) -> JobInfo:
-    """Poll until sacct gives `job_id` a terminal state; return that record.
+    """Poll until `job_id` has ended (see has_ended); return its last record.
 
-    Raises TimeoutError after timeout_s. Without accounting there is no final record to wait
-    for: once squeue no longer shows the job, its JobInfo (state UNKNOWN) comes back at once.
+    Raises TimeoutError after timeout_s. Without accounting, the JobInfo that comes back once
+    squeue no longer shows the job has state UNKNOWN.
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        info = query_jobs([job_id], env)[str(job_id)]
-        if info.source == "sacct" and is_terminal(info.state):
-            return info
-        if info.source == "none" and _accounting is not None and not _accounting[0]:
+        table = query_jobs([job_id], env)
+        info = table[str(job_id)]
+        if has_ended(info, table.accounting_available):
             return info
         if time.monotonic() >= deadline:
             raise TimeoutError(f"job {job_id} still {info.state} after {timeout_s:.0f} s")

@@ -13,10 +13,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from hpcdp.errors import UsageError
-from hpcdp.render import RenderedJob
+
+if TYPE_CHECKING:  # jinja2 is not needed by `hpcdp status`
+    from hpcdp.render import RenderedJob
 
 
 def _executor_class():
@@ -108,7 +110,8 @@ def follow(job_ids: list[str], *, poll_s: float = 2.0, timeout_s: float | None =
             if last.get(job_id) != shown:
                 echo(f"job {job_id}: {shown}")
                 last[job_id] = shown
-        if all(infos.get(j) and slurm.is_terminal(infos[j].state) for j in job_ids):
+        if all(infos.get(j) and slurm.has_ended(infos[j], infos.accounting_available)
+               for j in job_ids):
             return {j: infos[j].state for j in job_ids}
         if deadline is not None and time.monotonic() > deadline:
             echo(f"hpcdp: stopped waiting after {timeout_s:.0f} s; jobs go on (hpcdp status)")

@@ -166,3 +166,20 @@ def test_status_asks_slurm_once_for_all_jobs(slurm_cluster, tmp_path):
     assert len(rows) >= 3 and all(r["state"] != "UNKNOWN" for r in rows[-3:])
     made = calls.read_text().split()
     assert made.count("squeue") == 1 and made.count("sacct") <= 1, made
+
+
+def test_submit_wait_ends_where_sacct_is_unavailable(slurm_cluster, tmp_path):
+    """A cluster without accounting: --wait follows squeue and stops when the job leaves it
+    (state UNKNOWN, exit 1: success cannot be confirmed), instead of waiting forever."""
+    conf = Path(os.environ["SLURM_CONF"])
+    lines = [l for l in conf.read_text().splitlines() if not l.startswith("AccountingStorage")]
+    (tmp_path / "slurm.conf").write_text("\n".join(lines) + "\n")
+    env = {**os.environ, "SLURM_CONF": str(tmp_path / "slurm.conf")}
+    result = subprocess.run(
+        [sys.executable, "-m", "hpcdp", "submit", "--strategy", "single-gpu", "--wait",
+         "--timeout", "240", "--set", "cluster.local_cluster=false",
+         "--out", str(tmp_path / "runs"), *FAST],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "UNKNOWN" in result.stdout and "stopped waiting" not in result.stdout
+    assert (tmp_path / "runs" / "smoke" / "single-gpu-1n" / "metrics.jsonl").exists()
