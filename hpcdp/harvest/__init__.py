@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcdp import slurm
 from hpcdp.errors import UsageError, did_you_mean, one_line
 from hpcdp.harvest.read import (MetricsLog, StepColumns, find_run_dirs, read_metrics,
                                 read_submission, scan_slurm_logs)
@@ -57,6 +58,10 @@ def _job_id(log: MetricsLog, submission: dict) -> str | None:
     return str(job) if job not in (None, "") else None
 
 
+# States read from metrics.jsonl alone that mean the run is over (state_from_log).
+_ENDED_BY_LOG = ("INCOMPLETE", "COMPLETED-by-log")
+
+
 def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
     notes = []
     if r.restarts:
@@ -71,8 +76,8 @@ def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
         notes.append("no header record")
     if r.steps == 0:
         notes.append("no step records")
-    if log.summary is None and r.steps and r.state not in ("RUNNING", "PENDING", "RUNNING-by-log",
-                                                           "ENDING", "COMPLETING"):
+    if log.summary is None and r.steps and (slurm.is_terminal(r.state)
+                                            or r.state in _ENDED_BY_LOG):
         of = f" of {r.planned_steps}" if r.planned_steps else ""
         notes.append(f"no summary: stopped at step {r.last_step}{of}")
     if info is not None and info.source == "sacct":
@@ -130,8 +135,6 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
     infos: dict = {}
     accounting: dict = {"queried": False, "available": None, "message": ""}
     if query_slurm and job_ids:
-        from hpcdp import slurm
-
         table = slurm.query_jobs(job_ids, env=env)  # one squeue + one sacct for all runs
         infos = dict(table)
         accounting = {"queried": True, "available": table.accounting_available,

@@ -131,6 +131,21 @@ def test_cancelled_run_without_summary(tmp_path):
     assert not any("stopped" in n for n in fresh.notes)
 
 
+@pytest.mark.parametrize("state, stopped", [
+    ("REQUEUED", False), ("SUSPENDED", False), ("CONFIGURING", False), ("RESIZING", False),
+    ("RUNNING", False), ("PENDING", False), ("ENDING", False), ("RUNNING-by-log", False),
+    ("CANCELLED by 0", True), ("TIMEOUT", True), ("PREEMPTED", True), ("INCOMPLETE", True)])
+def test_stopped_note_only_once_the_job_has_ended(tmp_path, state, stopped):
+    # A live job (Slurm's word) has not stopped, whatever its state is called.
+    recs = [header("horovod", 2, 4, steps=10)] + [step(i, 5 - i / 10, 800, i) for i in (1, 2, 3)]
+    path = write_run(tmp_path / "c", recs)
+    log = read.read_metrics(path / "metrics.jsonl")
+    r = harvest.summarize_log(path, log)
+    r.state = state
+    notes = harvest._notes(r, log, None, read.SlurmLogScan())
+    assert ("no summary: stopped at step 3 of 10" in notes) is stopped
+
+
 def test_cut_last_line_is_reported_not_fatal(tmp_path):
     recs = [header("single-gpu", 1, 1)] + [step(i, 3.0, 1000, i) for i in (1, 2, 3)]
     cut = json.dumps(step(4, 2.9, 1000, 4))[:37]
