@@ -22,7 +22,8 @@ from hpcdp.errors import UsageError, did_you_mean, one_line
 from hpcdp.harvest.read import (MetricsLog, StepColumns, find_run_dirs, read_metrics,
                                 read_submission, scan_slurm_logs)
 from hpcdp.harvest.table import (RunResult, fill_comparisons, render_csv, render_json,
-                                 render_markdown, render_table, state_from_log, summarize_log)
+                                 render_markdown, render_table, short_name, state_from_log,
+                                 summarize_log)
 
 __all__ = ["FORMATS", "Harvest", "RunResult", "add_arguments", "collect", "harvest", "main",
            "write_outputs"]
@@ -36,16 +37,6 @@ class Harvest:
     target_loss: float | None
     accounting: dict = field(default_factory=dict)
     """{"queried": bool, "available": bool|None, "message": str}."""
-
-
-def short_name(run_dir: str | Path, run_dirs: list[Path]) -> str:
-    """A run's path relative to the folder all runs share (its name when alone)."""
-    import os
-
-    if len(run_dirs) < 2:
-        return Path(run_dir).name
-    common = os.path.commonpath([str(p) for p in run_dirs])
-    return os.path.relpath(str(run_dir), common)
 
 
 def _job_id(log: MetricsLog, submission: dict) -> str | None:
@@ -177,10 +168,14 @@ def harvest(paths: list[Path], target_loss: float | None = None, *, query_slurm:
     return collect(paths, target_loss, query_slurm=query_slurm, env=env, now=now).runs
 
 
-def render(result: Harvest, fmt: str) -> str:
+def _check_format(fmt: str) -> None:
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r} is not valid{did_you_mean(fmt, FORMATS)}; "
                          f"valid: {', '.join(FORMATS)}")
+
+
+def render(result: Harvest, fmt: str) -> str:
+    _check_format(fmt)
     if fmt == "table":
         text = render_table(result.runs)
         if result.target_loss is not None:
@@ -249,9 +244,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run `hpcdp harvest` from parsed arguments; returns the exit code."""
     fmt = args.format
-    if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt!r} is not valid{did_you_mean(fmt, FORMATS)}; "
-                         f"valid: {', '.join(FORMATS)}")
+    _check_format(fmt)
     target = _target(args.target_loss)
     result = collect([Path(p) for p in args.paths], target, query_slurm=not args.no_slurm)
     if result.accounting.get("available") is False:

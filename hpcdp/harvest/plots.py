@@ -9,13 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpcdp.errors import UsageError
-from hpcdp.harvest.table import RunResult
-
-
-def short_name(run_dir: str, run_dirs: list[Path]) -> str:
-    from hpcdp.harvest import short_name as name
-
-    return name(run_dir, run_dirs)
+from hpcdp.harvest.table import RunResult, short_name
 
 
 def _figure():

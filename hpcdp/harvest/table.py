@@ -6,16 +6,19 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from hpcdp import strategies
+from hpcdp.config import TrainConfig
 from hpcdp.harvest.read import MetricsLog
 
-DEFAULT_WARMUP_LOG_STEPS = 2  # TrainConfig.warmup_log_steps' default, for headers without config
-BASELINE_STRATEGY = "single-gpu"
+# For headers without a config: what the trainer would have used.
+DEFAULT_WARMUP_LOG_STEPS = TrainConfig().warmup_log_steps
+BASELINE_STRATEGY = strategies.BASELINE.name
 BASELINE_PRECISION = "fp32"
 # A run without a summary whose last record is younger than this may still be writing.
 RUNNING_GRACE_S = 120.0
@@ -82,6 +85,14 @@ class RunResult:
     def to_dict(self, with_curve: bool = False) -> dict:
         skip = () if with_curve else ("curve_step", "curve_time_s", "curve_loss")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+
+def short_name(run_dir: str | Path, run_dirs: list[Path]) -> str:
+    """A run's path relative to the folder all runs share (its name when alone)."""
+    if len(run_dirs) < 2:
+        return Path(run_dir).name
+    common = os.path.commonpath([str(p) for p in run_dirs])
+    return os.path.relpath(str(run_dir), common)
 
 
 _NUMS = (int, float)  # JSON numbers; bool (a subclass of int) is left out on purpose
