@@ -14,7 +14,6 @@ which makes the strategies comparable and their equivalence testable.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import fcntl
 import json
@@ -31,7 +30,7 @@ from typing import Literal
 
 import numpy as np
 
-from hpcdp.config import Experiment, load_experiment, split_overrides
+from hpcdp.config import Experiment
 from hpcdp.errors import UsageError
 from train.corpora import SYNTHETIC, Corpus, corpus_name, resolve_corpus
 from train.tokenizer import (
@@ -395,21 +394,3 @@ class Batches:
 
     def load_state_dict(self, state: dict) -> None:
         self.position = int(state["position"])
-
-
-# --------------------------------------------------------------------------------------------
-# Command line
-
-
-def main_prepare(argv: list[str] | None = None, log: Callable[[str], None] = print) -> int:
-    """`python -m train prepare --experiment E [--set data.x=v ...]`; logs the folder."""
-    parser = argparse.ArgumentParser(prog="python -m train prepare",
-                                     description="Tokenize an experiment's corpus once.")
-    parser.add_argument("--experiment", required=True,
-                        help="shipped experiment name or path to a YAML file")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field, e.g. data.tokenizer=bpe (repeatable)")
-    args = parser.parse_args(argv)
-    _, overrides = split_overrides(args.set)  # cluster.* settings do not affect the data
-    prepare(load_experiment(args.experiment, overrides), log=log)
-    return 0

@@ -28,7 +28,6 @@ from train.data import (
     META_FILE,
     Batches,
     _SplitWriter,
-    main_prepare,
     open_data,
     prepare,
     prepared_path,
@@ -260,16 +259,20 @@ def test_truncated_token_file_is_an_error(tmp_path, small_corpus):
         open_data(exp)
 
 
-def test_main_prepare_reads_an_experiment_file_and_overrides(tmp_path, small_corpus):
+def test_prepare_command_reads_an_experiment_file_and_overrides(tmp_path, small_corpus):
+    # The real command, as a job script runs it: `python -m train prepare`.
     spec = tmp_path / "exp.yaml"
     spec.write_text(f"data:\n  corpus: {json.dumps(str(small_corpus))}\n")
     prepared = tmp_path / "elsewhere"
-    lines: list[str] = []
-    assert main_prepare(["--experiment", str(spec), "--set", f"data.prepared_dir={prepared}",
-                         "--set", "data.val_fraction=0.2"], log=lines.append) == 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "prepare", "--experiment", str(spec),
+         "--set", f"data.prepared_dir={prepared}", "--set", "data.val_fraction=0.2"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
     (folder,) = [p for p in prepared.iterdir() if not p.name.startswith(".")]
     assert folder.name.endswith("_bytes-256_val0.2")
     assert json.loads((folder / META_FILE).read_text())["val_fraction"] == 0.2
+    assert folder.name in proc.stdout  # it says where the data went
 
 
 # ---------------------------------------------------------------------------------------------
