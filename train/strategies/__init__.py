@@ -93,9 +93,14 @@ def create(name: str, log: Any = print) -> Strategy:
     return _classes()[registry.get(name).mechanism](log=log)
 
 
-def local_device(index: int) -> torch.device:
-    """cuda:index when GPUs are visible, else the CPU."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    return torch.device("cpu")
+def device_for(local_rank: int) -> torch.device:
+    """The device a process drives: cuda:(local_rank % visible GPUs), else the CPU.
+
+    Modulo, because under `--gpus-per-task=1` (or `--gpu-bind`) every task sees one GPU, index 0
+    (hpcdp.distenv.DistEnv.device_index says the same for the CLI's preflight)."""
+    n_gpus = torch.cuda.device_count()
+    if not n_gpus:
+        return torch.device("cpu")
+    index = local_rank % n_gpus
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)

@@ -22,7 +22,7 @@ class DataParallelStrategy(Strategy):
             self.device = torch.device("cuda", 0)
         else:
             self.device = torch.device("cpu")
-            self.log("single-ps: no GPU visible, DataParallel runs degenerate "
+            self.log("DataParallel: no GPU visible, DataParallel runs degenerate "
                      "(the wrapped model on the CPU, nothing is scattered)")
 
     def wrap(self, model, optimizer, accum_steps: int = 1):

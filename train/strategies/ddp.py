@@ -11,18 +11,16 @@ import os
 import socket
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hpcdp import distenv
-from train.strategies import Strategy, local_device
+from train.strategies import Strategy, device_for
 
 
 class DDPStrategy(Strategy):
     def setup(self, env, timeout_s: int) -> None:
-        n_gpus = torch.cuda.device_count()
-        self.device = local_device(env.device_index(n_gpus) if n_gpus else 0)
+        self.device = device_for(env.local_rank)
         # A master that is not rank 0's node would make every rank wait for the timeout.
         distenv.check_master_is_rank0_node(env, socket.gethostname())
         os.environ.update(env.torch_env())

@@ -18,7 +18,7 @@ import torch
 
 from hpcdp import distenv
 from hpcdp.errors import UsageError
-from train.strategies import Strategy, local_device
+from train.strategies import Strategy, device_for
 
 
 def import_horovod() -> Any:
@@ -43,8 +43,7 @@ class HorovodStrategy(Strategy):
             self._rendezvous = gloo_rendezvous(env, timeout_s)
         hvd.init()
         self.rank, self.world_size = hvd.rank(), hvd.size()
-        n_gpus = torch.cuda.device_count()
-        self.device = local_device(hvd.local_rank() % n_gpus if n_gpus else 0)
+        self.device = device_for(hvd.local_rank())
 
     def wrap(self, model, optimizer, accum_steps: int = 1):
         hvd = self.hvd

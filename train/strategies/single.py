@@ -1,13 +1,10 @@
-"""One process, one device: cuda:device_index, or the CPU. The paper's "Single GPU"."""
+"""One process, one device: cuda:(local rank % GPUs), or the CPU. The paper's "Single GPU"."""
 
 from __future__ import annotations
 
-import torch
-
-from train.strategies import Strategy, local_device
+from train.strategies import Strategy, device_for
 
 
 class SingleStrategy(Strategy):
     def setup(self, env, timeout_s: int) -> None:
-        n_gpus = torch.cuda.device_count()
-        self.device = local_device(env.device_index(n_gpus) if n_gpus else 0)
+        self.device = device_for(env.local_rank)
