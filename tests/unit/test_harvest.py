@@ -1,6 +1,6 @@
 """hpcdp harvest on HAND-WRITTEN metrics files: the arithmetic of every column, the outputs, the
 CLI's errors. Files written by real runs of `python -m train` (a cancelled one, a resumed one,
-cut and corrupted copies) are tested in test_harvest_real.py.
+cut and corrupted copies) are tested in tests/integration/test_harvest_real.py.
 
 HAND-WRITTEN FIXTURES: `write_run` below writes metrics.jsonl in the schema of
 docs/architecture.md with chosen numbers, so that each expected value can be computed by hand
