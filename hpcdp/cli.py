@@ -64,7 +64,6 @@ def _render_selection(args, profile, experiment, scripts_dir: Path | None = None
         cells = experiment.matrix.cells()
         if one_node_only:
             cells = [(strategy, nodes) for strategy, nodes in cells if nodes == 1]
-    experiment_file = render.resolved_experiment_path(profile, experiment, args.out)
     jobs = []
     for strategy, nodes in cells:
         script_path = None
@@ -72,8 +71,7 @@ def _render_selection(args, profile, experiment, scripts_dir: Path | None = None
             script_path = (scripts_dir / f"{render.job_name(experiment.name, strategy, nodes)}"
                            ".sbatch").absolute()
         jobs.append(render.render_job(profile, experiment, strategy, nodes,
-                                      experiment_file=experiment_file, output_dir=args.out,
-                                      script_path=script_path))
+                                      output_dir=args.out, script_path=script_path))
     return jobs
 
 
@@ -139,6 +137,7 @@ def cmd_submit(args) -> int:
         return 0
     _check_horovod(jobs, profile)
     _local_cluster_env(profile)
+    submit.check_run_dirs_free(jobs)
     render.write_jobs(jobs, experiment)
     records = []
     for job in jobs:

@@ -10,7 +10,6 @@ Quoting rules, so that no name or path can inject shell:
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import sys
@@ -29,6 +28,7 @@ from hpcdp.strategies import Strategy
 _SBATCH_SAFE = re.compile(r"[A-Za-z0-9._,:+-]+")
 # Seconds before the time limit at which Slurm signals the batch shell to checkpoint and requeue.
 REQUEUE_SIGNAL_LEAD_S = 120
+EXPERIMENT_FILE = "experiment.yaml"
 
 
 @dataclass(frozen=True)
@@ -42,14 +42,6 @@ class RenderedJob:
     script_path: Path
     experiment_file: Path
     text: str
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.tasks_per_node
-
-    @property
-    def job_name(self) -> str:
-        return job_name(self.experiment_file.stem, self.strategy, self.nodes)
 
 
 def job_name(experiment: str, strategy: Strategy, nodes: int) -> str:
@@ -123,15 +115,16 @@ def sbatch_directives(profile: ClusterProfile, strategy: Strategy, nodes: int,
 
 
 def render_job(profile: ClusterProfile, experiment: Experiment, strategy: Strategy, nodes: int,
-               *, experiment_file: Path, output_dir: str | None = None,
-               script_path: Path | None = None) -> RenderedJob:
+               *, output_dir: str | None = None, script_path: Path | None = None) -> RenderedJob:
     """Render the script for one (strategy, nodes) cell. Pure: writes nothing."""
     strategy.check_nodes(nodes)
     tasks = strategy.tasks_per_node(profile.devices_per_node())
     run_dir = run_dir_for(profile, experiment, strategy, nodes, output_dir)
+    # Each run keeps its own resolved experiment: a later render with other --set values
+    # must not change what a queued or requeued job trains.
+    experiment_file = run_dir / EXPERIMENT_FILE
     name = job_name(experiment.name, strategy, nodes)
-    for what, path in (("output directory", run_dir), ("experiment file", experiment_file)):
-        _no_newline(str(path), what)
+    _no_newline(str(run_dir), "output directory")
     env_vars = dict(profile.env)
     if profile.network_interface:
         # distenv reads HPCDP_NETWORK_INTERFACE; NCCL and Gloo read their own names.
@@ -167,27 +160,17 @@ def render_job(profile: ClusterProfile, experiment: Experiment, strategy: Strate
     )
 
 
-def resolved_experiment_path(profile: ClusterProfile, experiment: Experiment,
-                             output_dir: str | None = None) -> Path:
-    """Where the resolved experiment (overrides applied) is written for the scripts to read."""
-    root = Path(output_dir or profile.output_dir).expanduser()
-    return (root / experiment.name / "experiment.yaml").absolute()
-
-
 def experiment_yaml(experiment: Experiment) -> str:
-    header = "# Resolved by hpcdp (overrides applied); the rendered scripts read this file.\n"
+    header = "# Resolved by hpcdp (overrides applied); the run's script reads this file.\n"
     return header + yaml.safe_dump(as_dict(experiment), sort_keys=False)
 
 
 def write_jobs(jobs: list[RenderedJob], experiment: Experiment) -> None:
     """Write every script (and the resolved experiment) only after all rendered: nothing
     half-written when one cell fails validation."""
-    written: set[Path] = set()
     for job in jobs:
-        if job.experiment_file not in written:
-            job.experiment_file.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_write(job.experiment_file, experiment_yaml(experiment))
-            written.add(job.experiment_file)
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(job.experiment_file, experiment_yaml(experiment))
         job.script_path.parent.mkdir(parents=True, exist_ok=True)
         _atomic_write(job.script_path, job.text)
         job.script_path.chmod(0o755)
@@ -197,10 +180,3 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     tmp.replace(path)
-
-
-def describe(job: RenderedJob) -> str:
-    return json.dumps({
-        "strategy": job.strategy.name, "nodes": job.nodes, "tasks_per_node": job.tasks_per_node,
-        "script": str(job.script_path), "run_dir": str(job.run_dir),
-    })

@@ -80,6 +80,28 @@ def submit_job(job: RenderedJob, cluster: str, experiment: str) -> dict:
     return record
 
 
+def check_run_dirs_free(jobs: list[RenderedJob]) -> None:
+    """Refuse to submit into a run directory whose earlier job is still queued or running: two
+    jobs would append to one metrics file and race on its checkpoints."""
+    earlier = {}
+    for job in jobs:
+        try:
+            earlier[job] = json.loads((job.run_dir / "submission.json").read_text())["job_id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if not earlier:
+        return
+    from hpcdp import slurm
+
+    infos = slurm.query_jobs(list(earlier.values()))  # one squeue (+ sacct) for all of them
+    for job, job_id in earlier.items():
+        info = infos.get(job_id)
+        if info is not None and info.source == "squeue":
+            raise UsageError(
+                f"{job.run_dir} already belongs to job {job_id}, which is {info.state}; wait "
+                f"for it, `scancel {job_id}`, or give another --out")
+
+
 def read_records() -> list[dict]:
     path = state_file()
     if not path.exists():

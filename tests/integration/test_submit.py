@@ -148,8 +148,8 @@ def test_a_master_that_is_not_rank0s_node_fails_fast(slurm_cluster, tmp_path):
 def test_status_asks_slurm_once_for_all_jobs(slurm_cluster, tmp_path):
     """Three jobs, one `hpcdp status`: one squeue and at most one sacct call. The real commands
     answer; wrappers first on PATH only count the calls."""
-    for _ in range(3):
-        hpcdp("submit", "--strategy", "single-gpu", "--out", str(tmp_path / "runs"), *FAST,
+    for i in range(3):
+        hpcdp("submit", "--strategy", "single-gpu", "--out", str(tmp_path / f"runs{i}"), *FAST,
               cwd=tmp_path)
     shims = tmp_path / "shims"
     shims.mkdir()
@@ -183,3 +183,21 @@ def test_submit_wait_ends_where_sacct_is_unavailable(slurm_cluster, tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "UNKNOWN" in result.stdout and "stopped waiting" not in result.stdout
     assert (tmp_path / "runs" / "smoke" / "single-gpu-1n" / "metrics.jsonl").exists()
+
+
+def test_a_run_dir_with_a_live_job_is_not_submitted_into_again(slurm_cluster, tmp_path):
+    long = ["--set", "train.steps=100000", "--set", "data.corpus=synthetic"]
+    first = hpcdp("submit", "--strategy", "single-gpu", "--out", str(tmp_path / "runs"), *long,
+                  cwd=tmp_path)
+    job_id = first.stdout.split("submitted job ")[1].split(":")[0]
+    run_dir = tmp_path / "runs" / "smoke" / "single-gpu-1n"
+    experiment_before = (run_dir / "experiment.yaml").read_text()
+    try:
+        second = hpcdp("submit", "--strategy", "single-gpu", "--out", str(tmp_path / "runs"),
+                       "--set", "train.steps=5", cwd=tmp_path, check=False)
+        assert second.returncode == 2
+        assert f"job {job_id}" in second.stderr and "scancel" in second.stderr
+        # the queued job's experiment was not rewritten under it
+        assert (run_dir / "experiment.yaml").read_text() == experiment_before
+    finally:
+        subprocess.run(["scancel", job_id], check=True)

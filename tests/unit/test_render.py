@@ -22,7 +22,6 @@ def _render(strategy: str, nodes: int, cluster: str, tmp_path: Path, **over) -> 
     os.chdir(tmp_path)  # the scripts cd into the directory they were rendered from
     try:
         job = render.render_job(profile, experiment, strategies.get(strategy), nodes,
-                                experiment_file=Path("/runs/smoke/experiment.yaml"),
                                 output_dir="/runs")
     finally:
         os.chdir(old)
@@ -95,8 +94,7 @@ def test_newline_in_output_dir_is_refused(tmp_path):
     profile = config.load_profile("local")
     experiment = config.load_experiment("smoke")
     with pytest.raises(UsageError, match="newline"):
-        render.render_job(profile, experiment, strategies.get("ddp"), 1,
-                          experiment_file=Path("/e.yaml"), output_dir="/tmp/a\nb")
+        render.render_job(profile, experiment, strategies.get("ddp"), 1, output_dir="/tmp/a\nb")
 
 
 @pytest.mark.parametrize("name", ["paper", "smoke"])
@@ -107,8 +105,7 @@ def test_every_shipped_experiment_renders_its_matrix(name, cluster, tmp_path):
     cells = experiment.matrix.cells()
     assert cells
     for strategy, nodes in cells:
-        job = render.render_job(profile, experiment, strategy, nodes,
-                                experiment_file=tmp_path / "e.yaml", output_dir=str(tmp_path))
+        job = render.render_job(profile, experiment, strategy, nodes, output_dir=str(tmp_path))
         assert f"#SBATCH --nodes={nodes}" in job.text
 
 
