@@ -10,6 +10,7 @@ Pure Python: train/ imports this module too.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -100,7 +101,19 @@ class ClusterProfile:
 # --------------------------------------------------------------------------------------------
 # Experiment
 
-MODEL_PRESETS = ("tiny", "gpt2-100m", "gpt2-124m")
+# preset -> (layers, width, heads, context). The one table: train/model.py builds from it.
+MODEL_PRESETS: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (2, 128, 4, 128),  # for tests; its context grows with seq_len up to MAX_CONTEXT
+    "gpt2-100m": (12, 768, 12, 512),  # the paper's: context 512
+    "gpt2-124m": (12, 768, 12, 1024),  # the standard GPT-2 small
+}
+MAX_CONTEXT = 1024  # GPT-2's position embeddings
+
+
+def model_context(preset: str, seq_len: int) -> int:
+    """The context (n_positions) of a preset trained at seq_len."""
+    context = MODEL_PRESETS[preset][3]
+    return max(context, min(seq_len, MAX_CONTEXT)) if preset == "tiny" else context
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +122,10 @@ class ModelConfig:
     """tiny: 2 layers, width 128 (tests); gpt2-100m: the paper's; gpt2-124m: the standard GPT-2."""
     dropout: float = 0.0
     attention: Literal["sdpa", "eager"] = "sdpa"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:  # also refuses nan
+            raise UsageError(f"model.dropout {self.dropout!r} must be in [0, 1)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,6 +188,10 @@ class TrainConfig:
     """Timeout for process-group set-up and collectives: a hang becomes an error."""
 
     def __post_init__(self) -> None:
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+            if not math.isfinite(getattr(self, name)):
+                raise UsageError(f"train.{name} {getattr(self, name)!r} must be a finite number")
+        _at_least("train.seed", self.seed, 0)
         for name in ("steps", "micro_batch_size", "grad_accum_steps", "seq_len", "log_interval",
                      "eval_batches", "dist_timeout_s"):
             _at_least(f"train.{name}", getattr(self, name), 1)
@@ -191,9 +212,11 @@ class Matrix:
 
     def __post_init__(self) -> None:
         names = [strategies.get(s).name for s in self.strategies]  # raises on unknown names
-        object.__setattr__(self, "strategies", names)
+        # An alias and its name (or a repeat) would render one run directory twice.
+        object.__setattr__(self, "strategies", list(dict.fromkeys(names)))
         for n in self.nodes:
             _at_least("matrix.nodes entry", n, 1)
+        object.__setattr__(self, "nodes", list(dict.fromkeys(self.nodes)))
 
     def cells(self) -> list[tuple[strategies.Strategy, int]]:
         """Every (strategy, nodes) pair the strategy can run; single-node ones skip N > 1."""
@@ -217,8 +240,18 @@ class Experiment:
 
     def __post_init__(self) -> None:
         _check(self.name, "experiment name", _NAME_RE, "letters, digits, '.', '_' and '-'")
-        if self.model.preset == "tiny" and self.train.seq_len > 1024:
-            raise UsageError(f"train.seq_len {self.train.seq_len} exceeds the model's context 1024")
+        context = model_context(self.model.preset, self.train.seq_len)
+        if self.train.seq_len > context:
+            raise UsageError(f"train.seq_len {self.train.seq_len} exceeds the context {context} "
+                             f"of model.preset {self.model.preset!r}")
+        fixed_vocab = {"bytes": 256, "gpt2": 50257}.get(self.data.tokenizer)
+        if fixed_vocab and self.data.vocab_size not in (None, fixed_vocab):
+            raise UsageError(f"data.vocab_size {self.data.vocab_size} does not match "
+                             f"data.tokenizer {self.data.tokenizer!r}, which has {fixed_vocab} "
+                             "tokens; leave data.vocab_size out")
+        if self.train.amp_backend == "apex" and self.train.amp_dtype == "bf16":
+            raise UsageError("train.amp_backend 'apex' trains in fp16 only; use "
+                             "train.amp_dtype=fp16 (or auto), or amp_backend=native for bf16")
 
 
 # --------------------------------------------------------------------------------------------

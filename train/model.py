@@ -13,26 +13,17 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from hpcdp.config import MODEL_PRESETS, model_context
 from hpcdp.errors import UsageError
-
-# preset -> (layers, width, heads, context). tiny's context grows with seq_len (up to 1024).
-PRESETS: dict[str, tuple[int, int, int, int]] = {
-    "tiny": (2, 128, 4, 128),
-    "gpt2-100m": (12, 768, 12, 512),  # the paper's: context 512
-    "gpt2-124m": (12, 768, 12, 1024),  # the standard GPT-2 small
-}
-MAX_CONTEXT = 1024  # GPT-2's
-
 
 def build_model(
     preset: str, vocab_size: int, seq_len: int, dropout: float = 0.0, attention: str = "sdpa"
 ) -> GPT2LMHeadModel:
     """A randomly initialised GPT-2 (seed torch before calling for identical weights)."""
-    if preset not in PRESETS:
-        raise UsageError(f"model.preset {preset!r} is unknown; valid: {', '.join(PRESETS)}")
-    n_layer, n_embd, n_head, n_positions = PRESETS[preset]
-    if preset == "tiny":
-        n_positions = max(n_positions, min(seq_len, MAX_CONTEXT))
+    if preset not in MODEL_PRESETS:
+        raise UsageError(f"model.preset {preset!r} is unknown; valid: {', '.join(MODEL_PRESETS)}")
+    n_layer, n_embd, n_head, _ = MODEL_PRESETS[preset]
+    n_positions = model_context(preset, seq_len)
     if seq_len > n_positions:
         raise UsageError(
             f"train.seq_len {seq_len} exceeds the context {n_positions} of model.preset {preset!r}"

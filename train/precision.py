@@ -160,16 +160,13 @@ def make_precision(mixed: bool, amp_dtype: str, amp_backend: str, device_type: s
                    apex_opt_level: str = "O1") -> Precision:
     """The precision of a run: strategy.mixed_precision + train.amp_dtype / amp_backend."""
     name = resolve_dtype(mixed, amp_dtype, device_type)
-    if amp_backend == "apex":
-        if not mixed:
-            raise UsageError(
-                "train.amp_backend 'apex' applies only to the -apex strategies "
-                "(distributed-ps-apex, horovod-apex); this strategy trains in fp32"
-            )
+    # Plain strategies train in fp32 whatever the back-end of mixed precision is (a matrix
+    # may hold both kinds under one train.amp_backend).
+    if amp_backend == "apex" and mixed:
         if amp_dtype == "bf16":
             raise UsageError("train.amp_backend 'apex' trains in fp16 only; "
                              "use train.amp_dtype=fp16 (or auto), or amp_backend=native for bf16")
         return ApexPrecision("fp16", device_type, apex_opt_level)
-    if amp_backend != "native":
+    if amp_backend not in ("native", "apex"):
         raise UsageError(f"train.amp_backend {amp_backend!r} is not valid; valid: native, apex")
     return Precision(name, device_type)

@@ -16,6 +16,12 @@ def test_overrides_reach_every_section():
     assert exp.train.lr == pytest.approx(2e-3)  # YAML 1.1 reads 2e-3 as a string
 
 
+def test_repeated_matrix_entries_render_once():
+    exp = config.load_experiment("smoke", {"matrix": {"strategies": ["ddp", "distributed-ps"],
+                                                      "nodes": [1, 2, 1]}})
+    assert exp.matrix.strategies == ["distributed-ps"] and exp.matrix.nodes == [1, 2]
+
+
 def test_aliases_are_canonicalised_in_the_matrix():
     exp = config.load_experiment("smoke", {"matrix": {"strategies": ["ddp", "dp", "ddp-apex"]}})
     assert exp.matrix.strategies == ["distributed-ps", "single-ps", "distributed-ps-apex"]
@@ -28,6 +34,12 @@ def test_aliases_are_canonicalised_in_the_matrix():
     ({"data": {"val_fraction": 0.9}}, "data.val_fraction"),
     ({"train": {"compile": "yes"}}, "expected bool"),
     ({"name": "bad name"}, "experiment name 'bad name'"),
+    ({"model": {"preset": "gpt2-100m"}, "train": {"seq_len": 600}}, "context 512"),
+    ({"train": {"seed": -1}}, "train.seed -1"),
+    ({"data": {"vocab_size": 300}}, "data.vocab_size 300 does not match"),
+    ({"train": {"lr": float("nan")}}, "train.lr nan must be a finite number"),
+    ({"model": {"dropout": 1.5}}, "model.dropout 1.5"),
+    ({"train": {"amp_backend": "apex", "amp_dtype": "bf16"}}, "fp16 only"),
 ])
 def test_impossible_experiments_name_field_and_value(over, fragment):
     with pytest.raises(UsageError, match=None) as info:
