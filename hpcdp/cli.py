@@ -8,22 +8,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from hpcdp import __version__, config, strategies
-from hpcdp.errors import UsageError, one_line
+from hpcdp.errors import ArgumentParser, UsageError, one_line, positive_float, positive_int
 
 DEFAULT_CLUSTER = "local"
 DEFAULT_EXPERIMENT = "smoke"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but bad arguments give one line and exit 2 like every other usage error."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
 
 
 def _add_selection(parser: argparse.ArgumentParser, strategy_required: bool = False) -> None:
@@ -116,13 +110,13 @@ def _fallback_slurm_env() -> None:
         os.environ.update(cluster.slurm_env())
 
 
-def _check_horovod(jobs, profile: config.ClusterProfile) -> None:
+def _check_horovod(jobs, profile: config.ClusterProfile, controller: str | None = None) -> None:
     """Horovod strategies need Horovod where the job runs; checkable when that is this Python."""
     if profile.python or not any(job.strategy.needs_horovod for job in jobs):
         return
     from hpcdp import preflight
 
-    preflight.check_horovod(profile.horovod_controller)
+    preflight.check_horovod(controller or profile.horovod_controller)
 
 
 def cmd_submit(args) -> int:
@@ -166,7 +160,7 @@ def cmd_run(args) -> int:
         raise UsageError(f"--nodes {args.nodes}: `hpcdp run` uses this machine only (1 node); "
                          "use `hpcdp submit` for more")
     jobs = _render_selection(args, profile, experiment, one_node_only=True)
-    _check_horovod(jobs, profile)
+    _check_horovod(jobs, profile, controller=local_run.HOROVOD_CONTROLLER)
     render.write_jobs(jobs, experiment)  # the same scripts, for a later sbatch
     failed = []
     for job in jobs:
@@ -262,7 +256,7 @@ def cmd_cluster(args) -> int:
         return cluster.down(purge=args.purge)
     if args.action == "env":
         for key, value in cluster.slurm_env().items():
-            print(f"export {key}={value}")
+            print(f"export {key}={shlex.quote(value)}")  # for eval "$(hpcdp cluster env)"
         return 0
     return cluster.status()
 
@@ -286,9 +280,9 @@ def cmd_harvest(args) -> int:
 # ------------------------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hpcdp", description="Data-parallel GPT-2 pre-training on Slurm.")
+    parser = ArgumentParser(prog="hpcdp", description="Data-parallel GPT-2 pre-training on Slurm.")
     parser.add_argument("--version", action="version", version=f"hpcdp {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
 
     p = sub.add_parser("render", help="write sbatch scripts (one, or the experiment's matrix)")
     _add_selection(p)
@@ -303,20 +297,22 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "write and submit nothing")
     p.add_argument("--wait", action="store_true", help="follow the jobs until they end; "
                                                        "exit 1 unless all COMPLETED")
-    p.add_argument("--timeout", type=float, default=None, help="stop --wait after N seconds")
+    p.add_argument("--timeout", type=positive_float, default=None,
+                   help="stop --wait after N seconds")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("run", help="train on this machine as local processes, without Slurm")
     _add_selection(p)
-    p.add_argument("--ranks", type=int, help="processes for one-per-device strategies "
+    p.add_argument("--ranks", type=positive_int, help="processes for one-per-device strategies "
                                             "(default: the profile's devices per node)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("status", help="states of the jobs hpcdp submitted (one Slurm query)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--last", type=int, default=20, help="show the last N jobs (default 20)")
+    p.add_argument("--last", type=positive_int, default=20,
+                   help="show the last N jobs (default 20)")
     p.add_argument("--cluster", dest="cluster_filter", help="only jobs of this profile")
-    p.add_argument("--watch", type=float, metavar="SECONDS",
+    p.add_argument("--watch", type=positive_float, metavar="SECONDS",
                    help="refresh every SECONDS until every job shown has ended")
     p.set_defaults(func=cmd_status)
 

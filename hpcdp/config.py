@@ -395,8 +395,9 @@ def read_yaml(path: Path, what: str) -> dict:
         text = path.read_text()
     except FileNotFoundError:
         raise UsageError(f"{what} file {str(path)!r} does not exist") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{what} file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a directory, no permission, not a folder...
+        reason = getattr(exc, "strerror", None) or exc
+        raise UsageError(f"{what} file {str(path)!r} cannot be read: {reason}") from None
     try:
         data = load_yaml_text(text)
     except yaml.YAMLError as exc:

@@ -1,5 +1,6 @@
 """The one error type users see: a one-line message, exit code 2, no traceback."""
 
+import argparse
 import difflib
 from collections.abc import Iterable
 
@@ -19,3 +20,33 @@ def did_you_mean(value: str, choices: Iterable[str]) -> str:
 def one_line(text: str) -> str:
     """Collapse newlines so that a message stays one line even when it quotes bad input."""
     return " ".join(str(text).split("\n"))
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are UsageErrors: one line and exit 2, like every other bad input
+    (plain argparse prints the usage block first)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a number above 0")
+    return value

@@ -17,6 +17,10 @@ from hpcdp.errors import UsageError
 from hpcdp.strategies import Strategy
 
 
+# horovodrun on one machine: Gloo needs no MPI set-up and no ssh.
+HOROVOD_CONTROLLER = "gloo"
+
+
 def launch_command(strategy: Strategy, ranks: int, python: str, train_args: list[str]) -> list[str]:
     train = [python, "-m", "train", *train_args]
     if strategy.local_launcher == "python":
@@ -28,7 +32,7 @@ def launch_command(strategy: Strategy, ranks: int, python: str, train_args: list
     if not Path(horovodrun).exists():
         raise UsageError("strategy horovod needs Horovod (horovodrun not found): "
                          "run scripts/install-horovod.sh")
-    return [horovodrun, "-np", str(ranks), "--gloo", *train]
+    return [horovodrun, "-np", str(ranks), f"--{HOROVOD_CONTROLLER}", *train]
 
 
 def run_locally(strategy: Strategy, ranks: int, experiment_file: Path, run_dir: Path) -> int:

@@ -22,8 +22,12 @@ def check_horovod(controller: str) -> None:
     if importlib.util.find_spec("horovod") is None:
         raise UsageError(f"strategy horovod needs Horovod, which is not installed in "
                          f"{sys.executable}: run scripts/install-horovod.sh (docs/horovod.md)")
-    probe = subprocess.run([sys.executable, "-c", _HOROVOD_PROBE], capture_output=True,
-                           text=True, timeout=120)
+    try:
+        probe = subprocess.run([sys.executable, "-c", _HOROVOD_PROBE], capture_output=True,
+                               text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise UsageError("importing horovod.torch took over 120 s; check the file system, "
+                         "or rebuild with scripts/install-horovod.sh --rebuild") from None
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
         raise UsageError(f"Horovod is installed but does not load ({last}): rebuild it with "

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from hpcdp import strategies
-from hpcdp.errors import UsageError, one_line
+from hpcdp.errors import ArgumentParser, UsageError, one_line, positive_int
 
 INTERRUPTED_EXIT = 143
 
@@ -26,12 +26,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m train",
         description="GPT-2 pre-training with one of six data-parallel strategies. "
                     "Commands: run (default), prepare.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{run,prepare}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,prepare}",
+                                parser_class=ArgumentParser)
     prep = sub.add_parser("prepare", help="tokenize the experiment's corpus (once, idempotent)")
     _common(prep)
     run = sub.add_parser("run", help="train (every process of the job runs this)")
@@ -41,9 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run folder: metrics.jsonl and checkpoints/ go here")
     run.add_argument("--resume", action="store_true",
                      help="continue from the newest checkpoint in DIR/checkpoints (if any)")
-    run.add_argument("--expect-world", type=int, metavar="N",
+    run.add_argument("--expect-world", type=positive_int, metavar="N",
                      help="fail at once unless the launcher started N processes in all")
-    run.add_argument("--expect-tasks-per-node", type=int, metavar="N",
+    run.add_argument("--expect-tasks-per-node", type=positive_int, metavar="N",
                      help="fail at once unless this node runs N processes")
     return parser
 
@@ -53,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     # `run` is the default command: python -m train --experiment ... trains.
     if not argv or argv[0] not in ("run", "prepare", "-h", "--help"):
         argv.insert(0, "run")
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         from hpcdp.config import load_experiment, split_overrides
 
         _, overrides = split_overrides(args.set)  # cluster.* does not change training
@@ -65,10 +66,6 @@ def main(argv: list[str] | None = None) -> int:
             prepare(exp)
             return 0
         strategies.get(args.strategy)  # a typo fails before torch loads
-        for flag in ("expect_world", "expect_tasks_per_node"):
-            value = getattr(args, flag)
-            if value is not None and value < 1:
-                raise UsageError(f"--{flag.replace('_', '-')} {value} must be 1 or more")
         from train.loop import run
 
         summary = run(exp, args.strategy, args.out, args.resume, expect_world=args.expect_world,

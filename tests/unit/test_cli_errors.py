@@ -26,6 +26,10 @@ BAD_INPUTS = [
     (["render", "--nodes", "x"], ["--nodes", "'x'"]),
     (["submit", "--strategy", "horovod", "--nodes", "-1"], ["--nodes -1"]),
     (["frobnicate"], ["frobnicate", "render"]),
+    (["status", "--watch", "-1"], ["--watch", "-1", "above 0"]),
+    (["status", "--last", "0"], ["--last", "0", "1 or more"]),
+    (["run", "--ranks", "0"], ["--ranks", "0", "1 or more"]),
+    (["render", "--experiment", "/etc/passwd/x.yaml"], ["'/etc/passwd/x.yaml'", "cannot be read"]),
 ]
 
 
@@ -73,3 +77,17 @@ def test_matrix_with_one_bad_cell_writes_nothing(tmp_path):
     assert result.returncode == 2
     assert "'bad'" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--experiment", "smoke"], ["--strategy", "--out"]),
+    (["--experiment", "smoke", "--strategy", "ddp", "--out", "x", "--expect-world", "abc"],
+     ["--expect-world", "'abc'"]),
+    (["--experiment", "smoke", "--strategy", "zero3", "--out", "x"], ["'zero3'"]),
+])
+def test_train_entrypoint_errors_are_one_line(tmp_path, args, expected):
+    result = subprocess.run([sys.executable, "-m", "train", *args], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(f in lines[0] for f in expected), result.stderr

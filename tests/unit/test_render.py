@@ -119,14 +119,16 @@ def test_paper_matrix_has_the_papers_cells():
 
 @pytest.mark.parametrize("argv", [["--help"], ["render", "--stdout", "-s", "ddp", "-N", "2"],
                                   ["submit", "--dry-run", "-s", "horovod-apex", "-N", "2"],
-                                  ["strategies"]])
+                                  ["strategies"], ["status"], ["env", "--json"],
+                                  ["cluster", "env"], ["harvest", ".", "--no-slurm"]])
 def test_cli_never_imports_torch_or_transformers(argv, tmp_path):
     code = (
         "import sys, runpy\n"
         f"sys.argv = ['hpcdp', *{argv!r}]\n"
         "try:\n    runpy.run_module('hpcdp', run_name='__main__')\n"
         "except SystemExit:\n    pass\n"
-        "heavy = sorted(m for m in ('torch', 'transformers', 'numpy', 'horovod') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'numpy', 'horovod', 'matplotlib',\n"
+        "                          'submitit') if m in sys.modules)\n"
         "print('HEAVY=' + ','.join(heavy), file=sys.stderr)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
