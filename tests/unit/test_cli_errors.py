@@ -91,3 +91,14 @@ def test_train_entrypoint_errors_are_one_line(tmp_path, args, expected):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and all(f in lines[0] for f in expected), result.stderr
+
+
+def test_bad_peak_flops_is_one_line(tmp_path):
+    env = {**__import__("os").environ, "HPCDP_PEAK_FLOPS": "fast"}
+    result = subprocess.run(
+        [sys.executable, "-m", "train", "--experiment", "smoke", "--strategy", "single-gpu",
+         "--out", str(tmp_path / "run"), "--set", "data.corpus=synthetic", "--set", "train.steps=1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: HPCDP_PEAK_FLOPS='fast'")
+    assert "Traceback" not in result.stderr
