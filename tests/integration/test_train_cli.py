@@ -4,6 +4,7 @@ fail-fast world checks, and clear messages when Horovod or apex are missing."""
 from __future__ import annotations
 
 import os
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,7 @@ def test_run_help_lists_the_flags_the_scripts_use() -> None:
     (["--strategy", "hovorod"], ["'hovorod'", "did you mean 'horovod'"]),
     (["--strategy", "ddp", "--set", "train.stepz=3"], ["'stepz'", "steps"]),
     (["--strategy", "ddp", "--set", "train.steps=0"], ["train.steps"]),
-    (["--strategy", "ddp", "--expect-world", "0"], ["--expect-world 0"]),
+    (["--strategy", "ddp", "--expect-world", "0"], ["--expect-world", "0 must be 1 or more"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str],
                                           needles: list[str]) -> None:
@@ -119,6 +120,10 @@ def test_legacy_apex_on_cpu_says_native_amp_is_the_default(tmp_path: Path) -> No
                  str(tmp_path), "--set", "data.corpus=synthetic", "--set",
                  "train.amp_backend=apex", MASTER_PORT="29741")
     one_line_error(done, "apex", "native")
+    # A plain strategy in a matrix whose mixed-precision back-end is apex trains in fp32.
     done = train("--experiment", "smoke", "--strategy", "single-gpu", "--out", str(tmp_path),
-                 "--set", "data.corpus=synthetic", "--set", "train.amp_backend=apex")
-    one_line_error(done, "only to the -apex strategies")
+                 "--set", "data.corpus=synthetic", "--set", "train.amp_backend=apex",
+                 "--set", "train.steps=2")
+    assert done.returncode == 0, done.stderr
+    header = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert header["precision"] == "fp32"
