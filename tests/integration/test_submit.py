@@ -201,3 +201,19 @@ def test_a_run_dir_with_a_live_job_is_not_submitted_into_again(slurm_cluster, tm
         assert (run_dir / "experiment.yaml").read_text() == experiment_before
     finally:
         subprocess.run(["scancel", job_id], check=True)
+
+
+def test_hpcdp_env_inside_srun_shows_what_each_rank_will_see(slurm_cluster, tmp_path):
+    # One output file per task (%t): srun would interleave the tasks' lines on one stdout.
+    subprocess.run(
+        ["srun", "--nodes=2", "--ntasks-per-node=2", "--time=2",
+         f"--output={tmp_path}/env-%t.json", sys.executable, "-m", "hpcdp", "env", "--json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True)
+    views = [json.loads(p.read_text()) for p in tmp_path.glob("env-*.json")]
+    views.sort(key=lambda v: v["rank"])
+    assert [v["rank"] for v in views] == [0, 1, 2, 3]
+    assert {v["world_size"] for v in views} == {4} and {v["master_addr"] for v in views} == {"node1"}
+    assert len({v["master_port"] for v in views}) == 1
+    assert [v["horovod"]["cross_rank"] for v in views] == [0, 0, 1, 1]
+    assert [v["horovod"]["local_rank"] for v in views] == [0, 1, 0, 1]
+    assert views[3]["torch_env"]["RANK"] == "3" and views[3]["node_rank"] == 1
