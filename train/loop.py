@@ -251,6 +251,7 @@ def _train(exp: Experiment, spec: registry.Strategy, env: distenv.DistEnv, strat
         slurm_job_id=env.job_id, restart_count=env.restart_count, hostname=socket.gethostname(),
         experiment=exp.name, config=as_dict(exp), versions=_versions(),
         threads_per_process=torch.get_num_threads(), launcher=env.launcher,
+        communication=strategy.communication,
     )
     log(f"train: {spec.name} ({strategy.describe()}), precision {precision.name}, "
         f"world {strategy.world_size}, global batch {global_batch} x {cfg.seq_len} tokens, "

@@ -149,7 +149,7 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
     results.sort(key=RunResult.key)
     seen: dict[tuple, str] = {}
     for r in results:  # the first of several equal configurations is the one compared against
-        same = (r.experiment, r.strategy, r.nodes, r.world_size, r.precision)
+        same = (r.experiment, r.strategy, r.nodes, r.world_size, r.precision, r.communication)
         if same in seen:
             r.notes.append(f"same configuration as {seen[same]}")
         else:

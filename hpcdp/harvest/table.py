@@ -35,6 +35,8 @@ class RunResult:
     world_size: int | None
     precision: str | None
     device: str | None
+    communication: str | None
+    """How gradients travelled (header `communication`): gloo, nccl, horovod-mpi, ..."""
     job_id: str | None
     state: str
     state_source: str
@@ -145,7 +147,7 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         run_dir=str(run_dir), experiment=header.get("experiment"),
         strategy=header.get("strategy"), nodes=header.get("nodes"),
         world_size=header.get("world_size"), precision=header.get("precision"),
-        device=header.get("device"), job_id=None, state="UNKNOWN", state_source="log",
+        device=header.get("device"), communication=header.get("communication"), job_id=None, state="UNKNOWN", state_source="log",
         exit_code=None, steps=len(order), last_step=step_of[order[-1]] if order else None,
         planned_steps=planned if isinstance(planned, int) else None,
         segments=len(log.segments),
@@ -224,6 +226,7 @@ COLUMNS: list[tuple[str, str]] = [
     ("nodes", "nodes"),
     ("world_size", "world"),
     ("precision", "precision"),
+    ("communication", "comm"),
     ("state", "state"),
     ("steps", "steps"),
     ("tokens_per_s", "tokens/s"),
@@ -293,7 +296,7 @@ def render_markdown(results: list[RunResult], target_loss: float | None = None) 
     cols = _columns(results)
     lines = ["| " + " | ".join(title for _, title in cols) + " |",
              "|" + "|".join("---:" if name not in ("strategy", "precision", "state", "notes",
-                                                   "experiment") else "---"
+                                                   "experiment", "communication") else "---"
                             for name, _ in cols) + "|"]
     for r in results:
         lines.append("| " + " | ".join(_cell(r, name).replace("|", "\\|") for name, _ in cols)
@@ -305,7 +308,7 @@ def render_markdown(results: list[RunResult], target_loss: float | None = None) 
 
 
 CSV_FIELDS = ["run_dir", "experiment", "strategy", "nodes", "world_size", "precision", "device",
-              "job_id", "state", "state_source", "exit_code", "steps", "last_step",
+              "communication", "job_id", "state", "state_source", "exit_code", "steps", "last_step",
               "planned_steps", "segments", "restarts", "corrupt_lines", "truncated",
               "tokens_per_s", "step_time_s", "steady_steps", "speedup", "scaling_efficiency",
               "efficiency_vs_single", "target_loss", "time_to_target_s", "step_to_target",

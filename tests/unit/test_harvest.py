@@ -26,9 +26,11 @@ T0 = 1_800_000_000.0  # record times: a fixed epoch, far from "now" unless a tes
 
 def header(strategy: str, nodes: int, world: int, precision: str = "fp32", *,
            start_step: int = 0, job: str | None = None, restart_count: int = 0,
-           warmup_log_steps: int = 2, steps: int = 10, experiment: str = "exp") -> dict:
-    """HAND-WRITTEN header record (docs/architecture.md), the fields harvest uses."""
+           warmup_log_steps: int = 2, steps: int = 10, experiment: str = "exp",
+           communication: str | None = None) -> dict:
+    """HAND-WRITTEN header record (docs/metrics.md), the fields harvest uses."""
     return {"kind": "header", "time": T0, "strategy": strategy, "precision": precision,
+            "communication": communication,
             "world_size": world, "nodes": nodes, "tasks_per_node": world // nodes,
             "device": "cpu", "start_step": start_step, "resumed_from": None,
             "slurm_job_id": job, "restart_count": restart_count, "experiment": experiment,
@@ -322,7 +324,7 @@ def test_markdown_and_table(matrix, capsys):
     assert harvest.main(_args(str(matrix), "-f", "markdown", "--no-slurm")) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| strategy | nodes |") and len(lines) == 2 + 4 + 2
-    assert "| distributed-ps | 2 | 4 | fp32 | COMPLETED-by-log |" in lines[4]
+    assert "| distributed-ps | 2 | 4 | fp32 | - | COMPLETED-by-log |" in lines[4]
     assert harvest.main(_args(str(matrix), "--no-slurm")) == 0
     table = capsys.readouterr().out
     assert "3.00x" in table and "83.3%" in table and "75.0%" in table
@@ -387,6 +389,14 @@ def test_scaling_reference_has_the_same_ranks_per_node_and_duplicates_say_so(tmp
     assert [(r.nodes, r.world_size) for r in rows] == [(1, 2), (1, 4), (2, 4), (2, 4)]
     assert rows[2].scaling_efficiency == pytest.approx(3000 / (2 * 1800))  # 2/node vs 2/node
     assert rows[3].notes == ["same configuration as a/ddp-2n-4"]
+
+
+def test_horovod_controllers_are_rows_of_their_own(tmp_path):
+    simple_run(tmp_path / "mpi", "horovod", 2, 2, tps=2000.0, communication="horovod-mpi")
+    simple_run(tmp_path / "gloo", "horovod", 2, 2, tps=1500.0, communication="horovod-gloo")
+    rows = harvest.harvest([tmp_path], query_slurm=False)
+    assert sorted(r.communication for r in rows) == ["horovod-gloo", "horovod-mpi"]
+    assert all(not any("same configuration" in n for n in r.notes) for r in rows)
 
 
 def test_a_number_only_the_pattern_accepts_is_a_corrupt_line(tmp_path):

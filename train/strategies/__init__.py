@@ -26,6 +26,8 @@ class Strategy:
     device: torch.device = torch.device("cpu")
     rank: int = 0
     world_size: int = 1
+    communication: str = "none"
+    """How gradients travel: none, gloo, nccl, horovod-mpi, horovod-gloo (for the metrics)."""
     devices_per_process: int = 1
     """Devices one process drives (DataParallel: every visible GPU)."""
     log: Any = print

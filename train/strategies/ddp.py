@@ -33,6 +33,7 @@ class DDPStrategy(Strategy):
             device_id=self.device if self.device.type == "cuda" else None,
         )
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.communication = str(dist.get_backend())
 
     def wrap(self, model, optimizer, accum_steps: int = 1):
         # Construction broadcasts rank 0's parameters and buffers to every rank.
@@ -60,4 +61,4 @@ class DDPStrategy(Strategy):
             dist.destroy_process_group()
 
     def describe(self) -> str:
-        return f"DDP rank {self.rank}/{self.world_size} on {self.device} ({dist.get_backend()})"
+        return f"DDP rank {self.rank}/{self.world_size} on {self.device} ({self.communication})"

@@ -43,6 +43,7 @@ class HorovodStrategy(Strategy):
             self._rendezvous = gloo_rendezvous(env, timeout_s)
         hvd.init()
         self.rank, self.world_size = hvd.rank(), hvd.size()
+        self.communication = "horovod-mpi" if hvd.mpi_enabled() else "horovod-gloo"
         self.device = device_for(hvd.local_rank())
 
     def wrap(self, model, optimizer, accum_steps: int = 1):
@@ -83,8 +84,8 @@ class HorovodStrategy(Strategy):
             self._rendezvous.shutdown()
 
     def describe(self) -> str:
-        ctrl = "mpi" if self.hvd.mpi_enabled() and self.hvd.mpi_built() else "gloo"
-        return f"Horovod rank {self.rank}/{self.world_size} on {self.device} ({ctrl})"
+        controller = self.communication.removeprefix("horovod-")
+        return f"Horovod rank {self.rank}/{self.world_size} on {self.device} ({controller})"
 
 
 # --------------------------------------------------------------------------------------------
