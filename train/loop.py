@@ -27,7 +27,7 @@ from hpcdp import distenv
 from hpcdp import strategies as registry
 from hpcdp.config import Experiment, as_dict
 from hpcdp.errors import UsageError
-from train import checkpoint
+from train import checkpoint, faults
 from train.data import Batches, open_data
 from train.metrics import MetricsWriter, peak_flops, step_line
 from train.model import LanguageModel, build_model, count_params, flops_per_token
@@ -206,7 +206,8 @@ def _train(exp: Experiment, spec: registry.Strategy, env: distenv.DistEnv, strat
     if resume:
         # Rank 0 picks the checkpoint, so every rank loads the same one (shared file system).
         newest = checkpoint.latest(out_dir) if strategy.is_main else None
-        found = strategy.broadcast_object(str(newest) if newest else None)
+        found = strategy.broadcast_object(str(newest) if newest else None,
+                                         name="resume_checkpoint")
         if found is None:
             log(f"train: --resume: no checkpoint in {checkpoint.checkpoint_dir(out_dir)}, "
                 "starting fresh")
@@ -269,6 +270,7 @@ def _train(exp: Experiment, spec: registry.Strategy, env: distenv.DistEnv, strat
             metrics.write("checkpoint", step=step, path=str(path))
 
     stop = StopSignal()
+    fault = faults.from_environment()
     segment_start = time.perf_counter()
     step_times: list[float] = []
     last_loss: float | None = None
@@ -305,6 +307,8 @@ def _train(exp: Experiment, spec: registry.Strategy, env: distenv.DistEnv, strat
             last_val = evaluate(model, data, exp, strategy, precision, batch_size)
             metrics.write("eval", step=step, val_loss=last_val)
             log(f"train: step {step} val_loss {last_val:.4f}")
+        if fault:
+            fault.after_step(step, lambda: stop.name is not None)
         stopping = step < cfg.steps and stop.agreed(strategy, device)
         if (step == cfg.steps or stopping
                 or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)):
@@ -382,7 +386,8 @@ def replica_check(model: torch.nn.Module, strategy: Strategy,
     mine = digest.hexdigest()
     if strategy.world_size == 1:
         return mine, True
-    differs = torch.tensor(0.0 if strategy.broadcast_object(mine) == mine else 1.0, device=device)
+    differs = torch.tensor(0.0 if strategy.broadcast_object(mine, name="params_sha256") == mine
+                           else 1.0, device=device)
     return mine, strategy.mean(differs).item() == 0.0
 
 

@@ -42,3 +42,22 @@ def test_hpcdp_run_refuses_more_than_one_node(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--nodes 2" in result.stderr and "hpcdp submit" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_hpcdp_run_horovod_twice_resumes_instead_of_deadlocking(tmp_path):
+    """The second run resumes from the first one's final checkpoint: rank 0 broadcasts its path,
+    the other rank passes None. Before the fix they waited on differently named collectives
+    until the timeout below."""
+    if subprocess.run([sys.executable, "-c", "import horovod.torch"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("Horovod is not installed (scripts/install-horovod.sh)")
+    command = [sys.executable, "-m", "hpcdp", "run", "--strategy", "horovod", "--ranks", "2",
+               "--out", str(tmp_path / "runs"), *FAST]
+    for _ in range(2):
+        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True,
+                                timeout=180)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "resumed from" in result.stdout and "nothing to do" in result.stdout
+    headers = [r for r in records(tmp_path / "runs" / "smoke" / "horovod-1n")
+               if r["kind"] == "header"]
+    assert [h["start_step"] for h in headers] == [0, 5]

@@ -61,8 +61,9 @@ class Strategy:
                                ) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def broadcast_object(self, obj: Any) -> Any:
-        """Rank 0's `obj` on every rank."""
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        """Rank 0's `obj` on every rank. Every rank passes the same `name`, whatever its `obj`
+        (Horovod matches collectives by name, so the name must not depend on the object)."""
         return obj
 
     def barrier(self) -> None:

@@ -48,7 +48,7 @@ class DDPStrategy(Strategy):
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)  # gloo has no AVG
         return tensor / self.world_size
 
-    def broadcast_object(self, obj):
+    def broadcast_object(self, obj, name: str):
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]

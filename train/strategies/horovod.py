@@ -49,18 +49,20 @@ class HorovodStrategy(Strategy):
     def wrap(self, model, optimizer, accum_steps: int = 1):
         hvd = self.hvd
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        # A fresh optimizer has no state and is identical on every rank. Horovod would
-        # initialise it with a zero-gradient step (AdamW: one weight-decay step, and step
-        # count 1), which would set Horovod apart from the other strategies: only broadcast
-        # state that exists (a resumed run).
-        if optimizer.state_dict()["state"]:
-            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        optimizer = hvd.DistributedOptimizer(
+        # No hvd.broadcast_optimizer_state: a fresh optimizer is identical on every rank, and a
+        # resumed one loaded the same checkpoint on every rank. Horovod's broadcast would take a
+        # zero-gradient AdamW step on a fresh optimizer, and on a resumed one round every
+        # hyper-parameter (betas, eps, weight decay) through a float32 tensor, so a resumed
+        # run would drift from the uninterrupted one after its first step.
+        distributed = hvd.DistributedOptimizer(
             optimizer,
             named_parameters=model.named_parameters(),
             backward_passes_per_step=accum_steps,
         )
-        return model, optimizer
+        # DistributedOptimizer is a new optimizer built from the old one's param_groups only:
+        # carry the state over, or a resumed run restarts AdamW's moments from zero.
+        distributed.load_state_dict(optimizer.state_dict())
+        return model, distributed
 
     def mean(self, tensor):
         return self.hvd.allreduce(tensor.detach(), op=self.hvd.Average, name="metric_mean")
@@ -71,8 +73,10 @@ class HorovodStrategy(Strategy):
     def optimizer_step_context(self, optimizer):
         return optimizer.skip_synchronize()
 
-    def broadcast_object(self, obj):
-        return self.hvd.broadcast_object(obj, root_rank=0)
+    def broadcast_object(self, obj, name: str):
+        # Without a name Horovod names the collective after type(obj): rank 0 sending a str
+        # while the others pass None would wait on two different collectives forever.
+        return self.hvd.broadcast_object(obj, root_rank=0, name=f"broadcast_object.{name}")
 
     def barrier(self) -> None:
         self.hvd.allreduce(torch.zeros(1), name="barrier")

@@ -1,0 +1,46 @@
+"""Fault injection for hpcdp's own tests: HPCDP_FAULT makes ranks misbehave after a step.
+
+Only the test suite sets it; a user never needs it. It exists so that the failure paths
+(checkpoint on a signal, resume, hang bounds) can be exercised at a known step instead of by
+racing a signal against a run that may already have finished. Forms:
+
+    pause@STEP          after STEP, every rank waits (up to PAUSE_LIMIT_S) for a stop signal
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hpcdp.errors import UsageError
+
+ENV_VAR = "HPCDP_FAULT"
+PAUSE_LIMIT_S = 120
+_FORM = re.compile(r"(?P<kind>pause)@(?P<step>[1-9][0-9]*)")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int
+
+    def after_step(self, step: int, stop_requested: Callable[[], bool]) -> None:
+        if step != self.step:
+            return
+        if self.kind == "pause":
+            deadline = time.monotonic() + PAUSE_LIMIT_S
+            while not stop_requested() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+def from_environment(environ: dict[str, str] | None = None) -> Fault | None:
+    raw = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
+    if not raw:
+        return None
+    match = _FORM.fullmatch(raw)
+    if not match:
+        raise UsageError(f"{ENV_VAR}={raw!r} is not a fault; valid: pause@STEP")
+    return Fault(kind=match["kind"], step=int(match["step"]))
