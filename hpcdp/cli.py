@@ -55,9 +55,7 @@ def _render_selection(args, profile, experiment, scripts_dir: Path | None = None
         if args.nodes is not None:
             raise UsageError("--nodes needs --strategy; without --strategy the experiment's "
                              "matrix (matrix.nodes) decides the node counts")
-        cells = experiment.matrix.cells()
-        if one_node_only:
-            cells = [(strategy, nodes) for strategy, nodes in cells if nodes == 1]
+        cells = experiment.matrix.cells(max_nodes=1 if one_node_only else None)
     jobs = []
     for strategy, nodes in cells:
         script_path = None
@@ -119,6 +117,23 @@ def _check_horovod(jobs, profile: config.ClusterProfile, controller: str | None 
     preflight.check_horovod(controller or profile.horovod_controller)
 
 
+def _check_partition_fits(jobs, profile: config.ClusterProfile) -> None:
+    """Refuse node counts the partition can never give (Slurm would leave the job PENDING
+    with PartitionNodeLimit forever), where `scontrol show partition` can tell."""
+    from hpcdp import slurm
+
+    limit = slurm.partition_node_limit(profile.partition)
+    if limit is None:
+        return
+    partition, most, why = limit
+    too_big = sorted({job.nodes for job in jobs if job.nodes > most})
+    if too_big:
+        raise UsageError(
+            f"--nodes {too_big[-1]}: partition {partition} gives a job at most {most} node(s) "
+            f"({why}); Slurm would leave it PENDING (PartitionNodeLimit). Ask for at most "
+            f"{most}, or another partition (--set cluster.partition=...)")
+
+
 def cmd_submit(args) -> int:
     from hpcdp import render, submit
 
@@ -131,11 +146,17 @@ def cmd_submit(args) -> int:
         return 0
     _check_horovod(jobs, profile)
     _local_cluster_env(profile)
+    _check_partition_fits(jobs, profile)
     submit.check_run_dirs_free(jobs)
-    render.write_jobs(jobs, experiment)
+    take_back = render.write_jobs(jobs, experiment)
     records = []
-    for job in jobs:
-        record = submit.submit_job(job, profile.name, experiment.name)
+    for i, job in enumerate(jobs):
+        try:
+            record = submit.submit_job(job, profile.name, experiment.name)
+        except UsageError:
+            for unsubmitted in jobs[i:]:  # a refused job leaves no files behind
+                take_back[unsubmitted.run_dir]()
+            raise
         records.append(record)
         print(f"submitted job {record['job_id']}: {job.strategy.name} on {job.nodes} node(s)")
         print(f"  script: {record['script']}")
@@ -143,11 +164,15 @@ def cmd_submit(args) -> int:
         print(f"  run:    {record['run_dir']}")
     if not args.wait:
         return 0
-    states = submit.follow([r["job_id"] for r in records], timeout_s=args.timeout)
+    states, ended = submit.follow([r["job_id"] for r in records], timeout_s=args.timeout)
     for record in records:
-        state = states[record["job_id"]]
-        if state != "COMPLETED":
-            print(f"hpcdp: job {record['job_id']} ({record['strategy']}) ended {state}; "
+        job_id, state = record["job_id"], states[record["job_id"]]
+        if job_id not in ended:
+            print(f"hpcdp: gave up waiting after {args.timeout:.0f} s: job {job_id} "
+                  f"({record['strategy']}) is still {state}; it goes on (hpcdp status, "
+                  f"scancel {job_id})", file=sys.stderr)
+        elif state != "COMPLETED":
+            print(f"hpcdp: job {job_id} ({record['strategy']}) ended {state}; "
                   f"see {record['log']}", file=sys.stderr)
     return 0 if all(s == "COMPLETED" for s in states.values()) else 1
 
@@ -200,6 +225,7 @@ def _print_status(records: list[dict], infos, as_json: bool) -> None:
     for record in records:
         info = infos.get(record["job_id"])
         rows.append({**record, "state": info.state if info else "UNKNOWN",
+                     "reason": info.reason if info else None,
                      "exit_code": info.exit_code if info else None,
                      "elapsed_s": info.elapsed_s if info else None,
                      "restarts": info.restarts if info else None})
@@ -211,6 +237,8 @@ def _print_status(records: list[dict], infos, as_json: bool) -> None:
     for row in rows:
         elapsed = "" if row["elapsed_s"] is None else f"{row['elapsed_s']:.0f}s"
         state = row["state"] + (f" x{row['restarts']}" if row["restarts"] else "")
+        if row["reason"] and row["state"] == "PENDING":
+            state += f" ({row['reason']})"
         print(f"{row['job_id']:>10}  {state:<12} {row['strategy']:<20} {row['nodes']:>5}  "
               f"{elapsed:>8}  {row['run_dir']}", flush=True)
     if infos.accounting_available is False:
@@ -230,6 +258,9 @@ def cmd_env(args) -> int:
         print(json.dumps({**env.as_dict(), "horovod": env.horovod_view(),
                           "device": _device_hint(env), "torch_env": torch_env}, indent=2))
     else:
+        if env.launcher == "none":
+            print("no launcher found: not in a Slurm job step, nor started by torchrun, mpirun "
+                  "or horovodrun; train/ would run as one process (rank 0 of 1)")
         print(env.describe())
         print(f"device: {_device_hint(env)}")
         print("horovod: " + " ".join(f"{k}={v}" for k, v in env.horovod_view().items()))

@@ -40,7 +40,10 @@ class ClusterProfile:
     account: str | None = None
     qos: str | None = None
     time_limit: str = "01:00:00"
-    """Slurm time limit: MM, HH:MM:SS or D-HH:MM:SS."""
+    """Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."""
+    signal_lead_s: int | None = None
+    """Seconds before the time limit at which Slurm signals the job to checkpoint and requeue
+    (`--signal=B:USR2@N`); default: a tenth of the limit, at most 120 s."""
     gpus_per_node: int = 0
     """GPUs on each node; 0 for CPU-only nodes (then cpu_ranks_per_node ranks per node)."""
     gpu_request: Literal["gpus-per-node", "gres"] = "gpus-per-node"
@@ -73,25 +76,54 @@ class ClusterProfile:
 
     def __post_init__(self) -> None:
         _check(self.name, "cluster.name", _NAME_RE, "letters, digits, '.', '_' and '-'")
-        if not _TIME_RE.fullmatch(self.time_limit):
-            raise UsageError(
-                f"cluster.time_limit {self.time_limit!r} is not a Slurm time; "
-                "valid forms: MM, HH:MM:SS, D-HH:MM:SS"
-            )
+        limit_s = self.time_limit_s()
+        if self.signal_lead_s is not None:
+            _at_least("cluster.signal_lead_s", self.signal_lead_s, 1)
+            if self.signal_lead_s >= limit_s:
+                raise UsageError(
+                    f"cluster.signal_lead_s {self.signal_lead_s} is not shorter than "
+                    f"cluster.time_limit {self.time_limit!r} ({limit_s} s): the job would be "
+                    "told to stop as it starts; give a smaller lead or a longer limit")
         _at_least("cluster.gpus_per_node", self.gpus_per_node, 0)
         _at_least("cluster.cpu_ranks_per_node", self.cpu_ranks_per_node, 1)
         if self.cpus_per_task is not None:
             _at_least("cluster.cpus_per_task", self.cpus_per_task, 1)
         for opt in self.extra_sbatch:
-            if not opt.startswith("-") or "\n" in opt:
+            name = opt.partition("=")[0]
+            if (not opt.startswith("-") or any(c.isspace() for c in name) or '"' in opt
+                    or "\n" in opt or "\r" in opt):
                 raise UsageError(
-                    f"cluster.extra_sbatch entry {opt!r} must be one sbatch option "
-                    "starting with '-', e.g. --constraint=v100"
+                    f"cluster.extra_sbatch entry {opt!r} must be one sbatch option starting "
+                    "with '-', as --name or --name=value (no double quote), e.g. "
+                    "--constraint=v100 or '--comment=a b'"
                 )
         for key in self.env:
             _check(key, "cluster.env key", _ENV_RE, "a shell variable name")
         if self.srun_mpi and not _NAME_RE.fullmatch(self.srun_mpi):
             raise UsageError(f"cluster.srun_mpi {self.srun_mpi!r}: expected a plugin name like pmix")
+
+    def time_limit_s(self) -> int:
+        """cluster.time_limit in seconds (Slurm's forms; a lone number is minutes)."""
+        match = _TIME_RE.fullmatch(self.time_limit)
+        if not match:
+            raise UsageError(
+                f"cluster.time_limit {self.time_limit!r} is not a Slurm time; valid forms: MM, "
+                "MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (e.g. 30 or 04:00:00)")
+        days, clock = match["days"], [int(p) for p in match["clock"].split(":")]
+        if days is not None:  # D-HH[:MM[:SS]]
+            hours, minutes, seconds = (clock + [0, 0])[:3]
+        else:  # MM, MM:SS or HH:MM:SS
+            hours, minutes, seconds = {1: [0, clock[0], 0], 2: [0, *clock], 3: clock}[len(clock)]
+        total = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+        if total <= 0:
+            raise UsageError(f"cluster.time_limit {self.time_limit!r} must be longer than 0")
+        return total
+
+    def signal_lead(self) -> int:
+        """Seconds before the limit at which the job is signalled (see signal_lead_s)."""
+        if self.signal_lead_s is not None:
+            return self.signal_lead_s
+        return max(1, min(MAX_SIGNAL_LEAD_S, self.time_limit_s() // 10))
 
     def devices_per_node(self) -> int:
         """GPUs per node, or CPU ranks per node on CPU-only clusters."""
@@ -218,15 +250,28 @@ class Matrix:
             _at_least("matrix.nodes entry", n, 1)
         object.__setattr__(self, "nodes", list(dict.fromkeys(self.nodes)))
 
-    def cells(self) -> list[tuple[strategies.Strategy, int]]:
-        """Every (strategy, nodes) pair the strategy can run; single-node ones skip N > 1."""
+    def cells(self, max_nodes: int | None = None) -> list[tuple[strategies.Strategy, int]]:
+        """Every (strategy, nodes) pair the strategy can run (single-node ones skip N > 1), up
+        to `max_nodes`. An empty result is an error that says why: nothing would run."""
         out = []
         for name in self.strategies:
             strategy = strategies.get(name)
             for nodes in self.nodes:
-                if strategy.max_nodes is None or nodes <= strategy.max_nodes:
+                if ((strategy.max_nodes is None or nodes <= strategy.max_nodes)
+                        and (max_nodes is None or nodes <= max_nodes)):
                     out.append((strategy, nodes))
-        return out
+        if out:
+            return out
+        if not self.strategies or not self.nodes:
+            empty = "matrix.strategies" if not self.strategies else "matrix.nodes"
+            raise UsageError(f"no jobs: {empty} is empty; list at least one, e.g. "
+                             f"--set {empty}={'[single-gpu]' if empty.endswith('s') else '[1]'}")
+        why = [f"{name} runs on {strategies.get(name).max_nodes} node only" for name in
+               self.strategies if strategies.get(name).max_nodes is not None]
+        if max_nodes is not None:
+            why.append(f"this command runs on {max_nodes} node only")
+        raise UsageError(f"no jobs: {'; '.join(why)}, and matrix.nodes is {self.nodes}; "
+                         "add 1 to matrix.nodes or pick a multi-node strategy")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,7 +304,9 @@ class Experiment:
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_TIME_RE = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")
+_TIME_RE = re.compile(r"(?:(?P<days>\d+)-)?(?P<clock>\d+(?::\d{2}){0,2})")
+MAX_SIGNAL_LEAD_S = 120
+"""The default lead before the time limit: enough to checkpoint a GPT-2-small-sized model."""
 
 
 def _check(value: str, what: str, pattern: re.Pattern, valid: str) -> None:
@@ -353,9 +400,7 @@ def _type_error(value: Any, tp: Any, where: str) -> UsageError:
 
 def build(cls: type, data: Any, where: str) -> Any:
     """Build dataclass `cls` from a mapping, naming `where` in every error."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
+    if not isinstance(data, dict):  # an empty file (None) too: it is not a mapping
         raise UsageError(f"{where} must be a mapping of keys to values, not {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     valid = [f.name for f in dataclasses.fields(cls)]
@@ -404,13 +449,10 @@ def read_yaml(path: Path, what: str) -> dict:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
         raise UsageError(f"{what} file {str(path)!r} is not valid YAML{at}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
+    if not isinstance(data, dict):  # an empty file (None) too: it is not a mapping
+        found = "it is empty" if data is None else f"not a {type(data).__name__}"
         raise UsageError(
-            f"{what} file {str(path)!r} must hold a YAML mapping (key: value lines), "
-            f"not a {type(data).__name__}"
-        )
+            f"{what} file {str(path)!r} must hold a YAML mapping (key: value lines); {found}")
     return data
 
 

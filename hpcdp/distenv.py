@@ -206,7 +206,8 @@ class DistEnv:
     network_interface: str | None = None
     """NCCL_SOCKET_IFNAME syntax (e.g. ib0, ^lo,docker); None: let NCCL/Gloo pick."""
     in_step: bool = True
-    """False in a Slurm batch shell that was not started by srun: only rank 0 of 1 runs."""
+    """Whether a launcher started this process as one task of a step. False in a Slurm batch
+    shell that srun did not start, and in a plain process with no launcher at all."""
     tasks_per_node: tuple[int, ...] = ()
     """Tasks on each node of the step, by node rank (SLURM_TASKS_PER_NODE, expanded)."""
     job_num_tasks: int | None = None
@@ -562,7 +563,7 @@ def _single_process(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) 
     return DistEnv(
         launcher="none", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
         num_nodes=1, master_addr=addr, master_port=port, master_addr_source=addr_source,
-        master_port_source=port_source, tasks_per_node=(1,), **common,
+        master_port_source=port_source, tasks_per_node=(1,), in_step=False, **common,
     )
 
 
@@ -791,7 +792,9 @@ def check_world(env: DistEnv, expected_world_size: int | None,
         asked = env.job_num_tasks
     if asked is not None and env.world_size != asked:
         plural = "process" if env.world_size == 1 else "processes"
-        if not env.in_step:
+        if env.launcher == "none":
+            fix = f"start {asked} processes with srun, torchrun or horovodrun"
+        elif not env.in_step:
             fix = "run it with srun inside the allocation (the rendered script does)"
         elif env.launcher == "slurm":
             fix = f"start it with srun --ntasks={asked} (the rendered script does)"

@@ -10,9 +10,12 @@ Quoting rules, so that no name or path can inject shell:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +29,6 @@ from hpcdp.strategies import Strategy
 
 # Values that go into #SBATCH lines: Slurm names, lists of names, sizes.
 _SBATCH_SAFE = re.compile(r"[A-Za-z0-9._,:+-]+")
-# Seconds before the time limit at which Slurm signals the batch shell to checkpoint and requeue.
-REQUEUE_SIGNAL_LEAD_S = 120
 EXPERIMENT_FILE = "experiment.yaml"
 
 
@@ -73,6 +74,30 @@ def _no_newline(value: str, what: str) -> str:
     return value
 
 
+# Longest file name and path most Linux file systems take (NAME_MAX, PATH_MAX - 1).
+_NAME_MAX, _PATH_MAX = 255, 4095
+
+
+def _check_path(path: Path, what: str) -> None:
+    """Refuse a path the file system would reject, before anything is written."""
+    for part in path.parts:
+        if len(os.fsencode(part)) > _NAME_MAX:
+            raise UsageError(f"{what} has a component of {len(os.fsencode(part))} bytes "
+                             f"({part[:24]}...); file systems allow {_NAME_MAX}")
+    if len(os.fsencode(str(path))) > _PATH_MAX:
+        raise UsageError(f"{what} is {len(os.fsencode(str(path)))} bytes long; "
+                         f"paths are limited to {_PATH_MAX}")
+
+
+def extra_sbatch_line(option: str) -> str:
+    """One cluster.extra_sbatch entry as an #SBATCH line. sbatch splits these lines at
+    whitespace but keeps a double-quoted value whole, so a value with spaces is quoted."""
+    name, eq, value = option.partition("=")
+    if not eq or not any(c.isspace() for c in value):
+        return option
+    return f'{name}="{value}"'
+
+
 def _sbatch_value(value: str, what: str) -> str:
     if not _SBATCH_SAFE.fullmatch(value):
         raise UsageError(
@@ -93,7 +118,8 @@ def sbatch_directives(profile: ClusterProfile, strategy: Strategy, nodes: int,
         "--output=/dev/null",  # the body redirects to RUN_DIR; see the module docstring
         f"--time={_sbatch_value(profile.time_limit, 'cluster.time_limit')}",
         "--requeue",
-        f"--signal=B:USR2@{REQUEUE_SIGNAL_LEAD_S}",
+        # Slurm signals the batch shell this long before the limit: checkpoint, requeue.
+        f"--signal=B:USR2@{profile.signal_lead()}",
     ]
     for key in ("partition", "account", "qos"):
         value = getattr(profile, key)
@@ -110,7 +136,7 @@ def sbatch_directives(profile: ClusterProfile, strategy: Strategy, nodes: int,
             lines.append(f"--gres=gpu:{kind}{gpus}")
         else:
             lines.append(f"--gpus-per-node={kind}{gpus}")
-    lines.extend(_no_newline(opt, "cluster.extra_sbatch entry") for opt in profile.extra_sbatch)
+    lines.extend(extra_sbatch_line(opt) for opt in profile.extra_sbatch)
     return lines
 
 
@@ -125,6 +151,9 @@ def render_job(profile: ClusterProfile, experiment: Experiment, strategy: Strate
     experiment_file = run_dir / EXPERIMENT_FILE
     name = job_name(experiment.name, strategy, nodes)
     _no_newline(str(run_dir), "output directory")
+    _check_path(run_dir / ".submitit" / f".{EXPERIMENT_FILE}.tmp", "output directory")
+    if script_path is not None:
+        _check_path(script_path, "script path")
     env_vars = dict(profile.env)
     if profile.network_interface:
         # distenv reads HPCDP_NETWORK_INTERFACE; NCCL and Gloo read their own names.
@@ -165,15 +194,61 @@ def experiment_yaml(experiment: Experiment) -> str:
     return header + yaml.safe_dump(as_dict(experiment), sort_keys=False)
 
 
-def write_jobs(jobs: list[RenderedJob], experiment: Experiment) -> None:
+def write_jobs(jobs: list[RenderedJob], experiment: Experiment) -> dict[Path, Callable[[], None]]:
     """Write every script (and the resolved experiment) only after all rendered: nothing
-    half-written when one cell fails validation."""
-    for job in jobs:
-        job.run_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(job.experiment_file, experiment_yaml(experiment))
-        job.script_path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(job.script_path, job.text)
+    half-written when one cell fails validation.
+
+    Returns, per run directory, a function that takes that job's files back (restores what was
+    there before, removes the folders it made), so that a refused submission leaves nothing.
+    """
+    undo: dict[Path, Callable[[], None]] = {}
+    try:
+        for job in jobs:
+            undo[job.run_dir] = _write_job(job, experiment_yaml(experiment))
+    except OSError as exc:
+        for take_back in undo.values():
+            take_back()
+        raise UsageError(f"cannot write {exc.filename or 'the run files'}: "
+                         f"{exc.strerror or exc}") from None
+    return undo
+
+
+def _write_job(job: RenderedJob, experiment_text: str) -> Callable[[], None]:
+    made: list[Path] = []
+    before: list[tuple[Path, str | None]] = []
+
+    def take_back() -> None:
+        for path, text in reversed(before):
+            if text is None:
+                path.unlink(missing_ok=True)
+            else:
+                _atomic_write(path, text)
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty: never anything we did not make
+
+    try:
+        for folder in (job.run_dir, job.script_path.parent):
+            made.extend(_make_dirs(folder))
+        for path, text in ((job.experiment_file, experiment_text), (job.script_path, job.text)):
+            before.append((path, path.read_text() if path.exists() else None))
+            _atomic_write(path, text)
         job.script_path.chmod(0o755)
+    except OSError:
+        take_back()
+        raise
+    return take_back
+
+
+def _make_dirs(folder: Path) -> list[Path]:
+    """mkdir -p; returns the folders it created, outermost first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        path.mkdir(exist_ok=True)
+    return list(reversed(missing))
 
 
 def _atomic_write(path: Path, text: str) -> None:

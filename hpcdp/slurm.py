@@ -38,7 +38,7 @@ UNKNOWN = "UNKNOWN"
 COMMAND_TIMEOUT_S = 30.0
 
 _SQUEUE_FIELDS = ("JobID", "State", "TimeUsed", "NodeList", "NumNodes", "StartTime", "EndTime",
-                  "RestartCnt")
+                  "RestartCnt", "Reason")
 _SACCT_FIELDS = ("JobID", "State", "ExitCode", "ElapsedRaw", "NodeList", "NNodes", "Start", "End",
                  "MaxRSS")
 _NO_VALUE = {"", "N/A", "NONE", "None", "Unknown", "(null)", "None assigned"}
@@ -68,6 +68,13 @@ class JobInfo:
     """The signal that ended the job (sacct's "0:15" -> 15), when one did."""
     raw_state: str | None = None
     """The state exactly as Slurm printed it, e.g. "CANCELLED by 0"."""
+    reason: str | None = None
+    """Why a live job waits (squeue's Reason, e.g. PartitionNodeLimit); None when it does not."""
+
+    def shown_state(self) -> str:
+        """The state, with Slurm's reason while it is pending: "PENDING (Resources)"."""
+        return f"{self.state} ({self.reason})" if self.reason and self.state == "PENDING" \
+            else self.state
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -151,16 +158,17 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
     jobs: dict[str, JobInfo] = {}
     for line in text.splitlines():
         parts = line.split("|")
-        if len(parts) < len(_SQUEUE_FIELDS):
+        if len(parts) < len(_SQUEUE_FIELDS) - 1:  # Reason, the last field, may be absent
             continue
-        job_id, state, used, nodes, num_nodes, start, end, restarts = (
-            p.strip() for p in parts[:len(_SQUEUE_FIELDS)])
+        job_id, state, used, nodes, num_nodes, start, end, restarts, reason = (
+            [p.strip() for p in parts[:len(_SQUEUE_FIELDS)]] + [""])[:len(_SQUEUE_FIELDS)]
         if not job_id:
             continue
         jobs[job_id] = JobInfo(
             job_id=job_id, state=normalize_state(state), raw_state=state,
             elapsed_s=parse_duration(used), node_list=_value(nodes), num_nodes=_int(num_nodes),
             start=_value(start), end=_value(end), restarts=_int(restarts), source="squeue",
+            reason=_value(reason),
         )
     return jobs
 
@@ -331,3 +339,27 @@ def wait_for_final(job_id: str, timeout_s: float, poll_s: float = 2.0,
 def slurm_env_from(conf: str | os.PathLike[str]) -> dict[str, str]:
     """The current environment with SLURM_CONF pointing at `conf` (for env= arguments)."""
     return {**os.environ, "SLURM_CONF": os.fspath(conf)}
+
+
+def partition_node_limit(partition: str | None, env: Mapping[str, str] | None = None
+                         ) -> tuple[str, int, str] | None:
+    """(partition, most nodes one job can get there, why) from `scontrol show partition`: the
+    smaller of TotalNodes and MaxNodes. `partition` None means the default partition. None
+    when Slurm cannot tell (no scontrol, no such partition, another cluster's rules)."""
+    rc, out, _ = _run(["scontrol", "show", "partition", "--oneliner", *([partition] if partition
+                                                                        else [])], env)
+    if rc != 0:
+        return None
+    for line in out.splitlines():
+        fields = dict(item.partition("=")[::2] for item in line.split())
+        if partition is None and fields.get("Default") != "YES":
+            continue
+        total = _int(fields.get("TotalNodes", ""))
+        max_nodes = _int(fields.get("MaxNodes", ""))  # UNLIMITED -> None
+        if total is None:
+            return None
+        name = fields.get("PartitionName", partition or "?")
+        if max_nodes is not None and max_nodes < total:
+            return name, max_nodes, f"MaxNodes={max_nodes}"
+        return name, total, f"{total} nodes in all"
+    return None

@@ -8,8 +8,11 @@ reads squeue while a job is live and sacct once it ended (sacct lags squeue by s
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -48,18 +51,26 @@ def submit_job(job: RenderedJob, cluster: str, experiment: str) -> dict:
     """Submit one rendered (and already written) job; returns its record."""
     executor_cls = _executor_class()
     folder = job.run_dir / ".submitit"
+    made_folder = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        executor = executor_cls(folder, job.text)
-    except RuntimeError as exc:  # submitit: no srun on PATH
-        raise UsageError(f"cannot submit: {exc} (install Slurm's client or use `hpcdp render`)")
-    # Only for submitit's bookkeeping (task count); the directives are in the script itself.
-    executor.update_parameters(nodes=job.nodes, ntasks_per_node=job.tasks_per_node)
-    try:
-        submitted = executor._submit_command("python -m train")  # the text is the rendered script
-    except Exception as exc:  # sbatch refused: its message is the useful part
-        message = " ".join(str(exc).split())
-        raise UsageError(f"sbatch refused {job.script_path}: {message[-400:]}") from None
+        try:
+            executor = executor_cls(folder, job.text)
+        except RuntimeError as exc:  # submitit: no srun on PATH
+            raise UsageError(f"cannot submit: {exc} (install Slurm's client or use "
+                             "`hpcdp render`)") from None
+        # Only for submitit's bookkeeping (task count); the directives are in the script.
+        executor.update_parameters(nodes=job.nodes, ntasks_per_node=job.tasks_per_node)
+        try:
+            # submitit prints sbatch's stderr itself when sbatch fails; hpcdp says it once.
+            with contextlib.redirect_stderr(io.StringIO()):
+                submitted = executor._submit_command("python -m train")  # the rendered script
+        except Exception as exc:  # sbatch refused: its message is the useful part
+            raise UsageError(f"sbatch refused {job.script_path}: {sbatch_message(exc)}") from None
+    except UsageError:
+        if made_folder:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     record = {
         "job_id": str(submitted.job_id),
         "experiment": experiment,
@@ -78,6 +89,12 @@ def submit_job(job: RenderedJob, cluster: str, experiment: str) -> dict:
     with path.open("a") as fh:
         fh.write(json.dumps(record) + "\n")
     return record
+
+
+def sbatch_message(exc: Exception) -> str:
+    """sbatch's own words from submitit's error (its stderr), each line once, on one line."""
+    lines = [" ".join(line.split()) for line in str(exc).splitlines()]
+    return " ".join(dict.fromkeys(line for line in lines if line))[-400:]
 
 
 def check_run_dirs_free(jobs: list[RenderedJob]) -> None:
@@ -116,8 +133,9 @@ def read_records() -> list[dict]:
 
 
 def follow(job_ids: list[str], *, poll_s: float = 2.0, timeout_s: float | None = None,
-           echo: Callable[[str], None] = print) -> dict[str, str]:
-    """Poll until every job reaches a final state; print each change. Returns id -> state."""
+           echo: Callable[[str], None] = print) -> tuple[dict[str, str], set[str]]:
+    """Poll until every job reaches a final state (or timeout_s passes); print each change,
+    with Slurm's reason while a job is pending. Returns (id -> state, ids that ended)."""
     from hpcdp import slurm
 
     last: dict[str, str] = {}
@@ -126,17 +144,18 @@ def follow(job_ids: list[str], *, poll_s: float = 2.0, timeout_s: float | None =
         infos = slurm.query_jobs(job_ids)  # one squeue + one sacct for all jobs
         for job_id in job_ids:
             info = infos.get(job_id)
-            state = info.state if info else "UNKNOWN"
-            shown = state + (f" (exit {info.exit_code})" if info and info.exit_code
-                             and slurm.is_terminal(state) else "")
+            shown = info.shown_state() if info else "UNKNOWN"
+            if info and info.exit_code and slurm.is_terminal(info.state):
+                shown += f" (exit {info.exit_code})"
             if last.get(job_id) != shown:
                 echo(f"job {job_id}: {shown}")
                 last[job_id] = shown
-        if all(infos.get(j) and slurm.has_ended(infos[j], infos.accounting_available)
-               for j in job_ids):
-            return {j: infos[j].state for j in job_ids}
+        ended = {j for j in job_ids
+                 if infos.get(j) and slurm.has_ended(infos[j], infos.accounting_available)}
+        states = {j: (infos[j].shown_state() if infos.get(j) else "UNKNOWN") for j in job_ids}
+        if len(ended) == len(job_ids):
+            return states, ended
         if deadline is not None and time.monotonic() > deadline:
-            echo(f"hpcdp: stopped waiting after {timeout_s:.0f} s; jobs go on (hpcdp status)")
-            return {j: (infos[j].state if infos.get(j) else "UNKNOWN") for j in job_ids}
+            return states, ended
         time.sleep(poll_s)
         sys.stdout.flush()

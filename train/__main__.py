@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             prepare(exp)
             return 0
         strategies.get(args.strategy)  # a typo fails before torch loads
+        from train import stop
+
+        stop.catch_early()  # before torch loads: a rank signalled while starting must not die
         from train.loop import run
 
         summary = run(exp, args.strategy, args.out, args.resume, expect_world=args.expect_world,

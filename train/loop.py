@@ -12,7 +12,6 @@ import importlib.metadata
 import math
 import os
 import platform
-import signal
 import socket
 import statistics
 import time
@@ -28,6 +27,7 @@ from hpcdp import strategies as registry
 from hpcdp.config import Experiment, as_dict
 from hpcdp.errors import UsageError
 from train import checkpoint, faults
+from train.stop import StopSignal
 from train.data import Batches, open_data
 from train.metrics import MetricsWriter, peak_flops, step_line
 from train.model import LanguageModel, build_model, count_params, flops_per_token
@@ -338,42 +338,6 @@ def _train(exp: Experiment, spec: registry.Strategy, env: distenv.DistEnv, strat
     metrics.close()
     strategy.barrier()
     return summary
-
-
-class StopSignal:
-    """SIGTERM / SIGUSR1 / SIGUSR2 (Slurm's warning before a time limit or preemption; the
-    rendered scripts forward USR2) -> stop cleanly.
-
-    The handler only sets a flag; after each step the ranks agree (any rank signalled -> all
-    stop at the same step), save a checkpoint and leave, so a requeued job resumes there.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-
-    def __init__(self) -> None:
-        self.name: str | None = None
-        self._previous: dict[int, Any] = {}
-        for sig in self.SIGNALS:
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (e.g. run() called from a thread)
-                pass
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.name = signal.Signals(signum).name
-
-    def agreed(self, strategy: Strategy, device: torch.device) -> bool:
-        if strategy.world_size == 1:
-            return self.name is not None
-        flag = torch.tensor(1.0 if self.name else 0.0, device=device)
-        if strategy.mean(flag).item() > 0:
-            self.name = self.name or "stop signal (on another rank)"
-            return True
-        return False
-
-    def restore(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
 
 
 def replica_check(model: torch.nn.Module, strategy: Strategy,

@@ -21,7 +21,7 @@ from hpcdp import slurm
 from hpcdp.errors import UsageError, did_you_mean, one_line
 from hpcdp.harvest.read import (MetricsLog, StepColumns, find_run_dirs, read_metrics,
                                 read_submission, scan_slurm_logs)
-from hpcdp.harvest.table import (RunResult, fill_comparisons, render_csv, render_json,
+from hpcdp.harvest.table import (RunResult, baseline_lines, fill_comparisons, render_csv, render_json,
                                  render_markdown, render_table, short_name, state_from_log,
                                  summarize_log)
 
@@ -67,10 +67,14 @@ def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
         notes.append("no header record")
     if r.steps == 0:
         notes.append("no step records")
-    if log.summary is None and r.steps and (slurm.is_terminal(r.state)
-                                            or r.state in _ENDED_BY_LOG):
+    # One note for every run that ended short of its plan, whether training wrote an
+    # "interrupted" summary (a signal) or nothing (killed, cut file).
+    ended = slurm.is_terminal(r.state) or r.state in _ENDED_BY_LOG
+    short = (r.last_step < r.planned_steps if r.planned_steps and r.last_step is not None
+             else log.summary is None or log.summary.get("status") != "completed")
+    if ended and r.steps and short:
         of = f" of {r.planned_steps}" if r.planned_steps else ""
-        notes.append(f"no summary: stopped at step {r.last_step}{of}")
+        notes.append(f"stopped at step {r.last_step}{of}")
     if info is not None and info.source == "sacct":
         if r.state == "FAILED" or (r.exit_code not in (None, 0) and r.state != "COMPLETED"):
             notes.append(f"failed with exit code {r.exit_code}")
@@ -147,14 +151,8 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
         r.notes = _notes(r, log, info, scan)
         results.append(r)
     results.sort(key=RunResult.key)
-    seen: dict[tuple, str] = {}
-    for r in results:  # the first of several equal configurations is the one compared against
-        same = (r.experiment, r.strategy, r.nodes, r.world_size, r.precision, r.communication)
-        if same in seen:
-            r.notes.append(f"same configuration as {seen[same]}")
-        else:
-            seen[same] = short_name(r.run_dir, run_dirs)
-    used_target = fill_comparisons(results, target_loss)
+    used_target = fill_comparisons(results, target_loss,
+                                   name_of=lambda r: short_name(r.run_dir, run_dirs))
     return Harvest(runs=results, target_loss=used_target, accounting=accounting)
 
 
@@ -180,6 +178,8 @@ def render(result: Harvest, fmt: str) -> str:
         text = render_table(result.runs)
         if result.target_loss is not None:
             text += f"\n\ntarget loss for 'time to target': {result.target_loss:.4f}"
+        for line in baseline_lines(result.runs):
+            text += f"\n{line}"
         return text + "\n"
     if fmt == "markdown":
         return render_markdown(result.runs, result.target_loss) + "\n"

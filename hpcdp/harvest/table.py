@@ -22,6 +22,16 @@ BASELINE_STRATEGY = strategies.BASELINE.name
 BASELINE_PRECISION = "fp32"
 # A run without a summary whose last record is younger than this may still be writing.
 RUNNING_GRACE_S = 120.0
+# Training settings two runs must share to be compared (speed-up, scaling, time to target,
+# "same configuration"), read from each header's resolved config. Logging, evaluation and
+# checkpoint intervals are left out: they do not change what is trained.
+COMPARED_SETTINGS = (
+    "model.preset", "model.dropout", "model.attention", "data.corpus", "data.tokenizer",
+    "data.vocab_size", "train.seq_len", "train.micro_batch_size", "train.grad_accum_steps",
+    "train.steps", "train.lr", "train.min_lr", "train.warmup_steps", "train.weight_decay",
+    "train.grad_clip", "train.seed", "train.amp_dtype", "train.compile",
+)
+FINISHED_STATES = ("COMPLETED", "COMPLETED-by-log")
 
 
 @dataclass
@@ -66,6 +76,10 @@ class RunResult:
     peak_mem_gb: float | None = None
     mfu: float | None = None
     max_rss: str | None = None
+    settings: dict = field(default_factory=dict)
+    """COMPARED_SETTINGS as the header's config holds them (None where it does not say)."""
+    baseline: str | None = None
+    """The run speed-up and efficiency vs 1 GPU are measured against (its short name)."""
     notes: list[str] = field(default_factory=list)
     # The loss curve, one entry per logged step with a loss, in step order (the loss-vs-time
     # figure and time to target). Parallel lists, not tuples: 10,000 steps x 100 runs.
@@ -143,6 +157,12 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
     if final_val is None and log.summary:
         final_val = _number(log.summary.get("final_val_loss"))
     planned = ((header.get("config") or {}).get("train") or {}).get("steps")
+    config = header.get("config") if isinstance(header.get("config"), dict) else {}
+    settings = {}
+    for key in COMPARED_SETTINGS:
+        section, name = key.split(".")
+        part = config.get(section)
+        settings[key] = part.get(name) if isinstance(part, dict) else None
     return RunResult(
         run_dir=str(run_dir), experiment=header.get("experiment"),
         strategy=header.get("strategy"), nodes=header.get("nodes"),
@@ -160,14 +180,17 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         final_val_loss=final_val, peak_mem_gb=max(mems) if mems else None,
         mfu=_median(mfus), curve_step=list(map(step_of.__getitem__, with_loss)),
         curve_time_s=list(map(c.t.__getitem__, with_loss)), curve_loss=losses,
+        settings=settings,
     )
 
 
 def state_from_log(result: RunResult, log: MetricsLog, now: float | None = None) -> str:
-    """When Slurm cannot say: COMPLETED-by-log with a summary, else RUNNING-by-log while the
-    file is fresh, else INCOMPLETE."""
+    """When Slurm cannot say: COMPLETED-by-log with a "completed" summary, INCOMPLETE with an
+    "interrupted" one (stopped by a signal), else RUNNING-by-log while the file is fresh, else
+    INCOMPLETE."""
     if log.summary is not None:
-        return "COMPLETED-by-log"
+        return "COMPLETED-by-log" if log.summary.get("status", "completed") == "completed" \
+            else "INCOMPLETE"
     now = time.time() if now is None else now
     grace = max(RUNNING_GRACE_S, 10 * (result.step_time_s or 0.0))
     if log.last_time is not None and now - log.last_time < grace:
@@ -175,46 +198,104 @@ def state_from_log(result: RunResult, log: MetricsLog, now: float | None = None)
     return "INCOMPLETE"
 
 
-def fill_comparisons(results: list[RunResult], target_loss: float | None) -> float | None:
-    """Speed-up, scaling efficiency and time to target, across runs. Returns the target used.
+def _preferred(runs: list[RunResult]) -> RunResult:
+    """The run to compare against among equals, by rule: a finished one first, then the one
+    with the most steady steps, then the sort order (never a cancelled run by folder name)."""
+    return min(runs, key=lambda r: (r.state not in FINISHED_STATES, -r.steady_steps, r.key()))
 
-    Default target: the highest final loss among the runs, so that every run reaches it.
-    """
-    baselines: dict[str | None, float] = {}  # experiment -> single-gpu fp32 1-node tokens/s
-    # (experiment, strategy, precision[, tasks per node]) -> tokens/s on 1 node: the same
-    # processes per node when there is such a run (4 ranks on 2 nodes vs 4 ranks on 1), else any.
-    one_node: dict[tuple, float] = {}
+
+def _frozen(settings: dict) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in settings.items()))
+
+
+def comparison_groups(results: list[RunResult]) -> list[list[RunResult]]:
+    """Runs that may be compared: one experiment, the same COMPARED_SETTINGS. Largest group
+    of each experiment first, so that it is the one the others are described against."""
+    by_key: dict[tuple, list[RunResult]] = {}
     for r in sorted(results, key=RunResult.key):
-        if r.tokens_per_s is None or r.nodes != 1:
-            continue
-        one_node.setdefault((r.experiment, r.strategy, r.precision), r.tokens_per_s)
-        one_node.setdefault((r.experiment, r.strategy, r.precision, r.tasks_per_node()),
-                            r.tokens_per_s)
-        if r.strategy == BASELINE_STRATEGY and r.precision == BASELINE_PRECISION:
-            baselines.setdefault(r.experiment, r.tokens_per_s)
-    for r in results:
-        if r.tokens_per_s is None:
-            continue
-        base = baselines.get(r.experiment)
-        if base:
-            r.speedup = r.tokens_per_s / base
+        by_key.setdefault((r.experiment or "", _frozen(r.settings)), []).append(r)
+    return sorted(by_key.values(), key=lambda g: (g[0].experiment or "", -len(g), g[0].key()))
+
+
+def _differences(settings: dict, reference: dict, limit: int = 3) -> str:
+    diffs = [f"{k}={settings.get(k)!r} (there {reference.get(k)!r})" for k in COMPARED_SETTINGS
+             if settings.get(k) != reference.get(k)]
+    more = f" and {len(diffs) - limit} more" if len(diffs) > limit else ""
+    return ", ".join(diffs[:limit]) + more
+
+
+def fill_comparisons(results: list[RunResult], target_loss: float | None,
+                     name_of=lambda r: r.run_dir) -> float | None:
+    """Speed-up, scaling efficiency, time to target and "same configuration", each only among
+    runs trained alike (comparison_groups); rows trained differently from the largest group of
+    their experiment say how. Returns the target loss of the first group.
+
+    Default target: the highest final loss in the group, so that every run of it reaches it.
+    """
+    first_target = None
+    largest: dict[str, RunResult] = {}
+    for group in comparison_groups(results):
+        reference = largest.setdefault(group[0].experiment or "", _preferred(group))
+        if reference not in group:
+            for r in group:
+                r.notes.append(f"trained differently from {name_of(reference)}: "
+                               f"{_differences(r.settings, reference.settings)}; not compared")
+        target = _fill_group(group, target_loss, name_of)
+        first_target = target if first_target is None else first_target
+    return first_target
+
+
+def _fill_group(group: list[RunResult], target_loss: float | None, name_of) -> float | None:
+    same: dict[tuple, list[RunResult]] = {}
+    for r in group:
+        same.setdefault((r.strategy, r.nodes, r.world_size, r.precision, r.communication),
+                        []).append(r)
+    for runs in same.values():
+        chosen = _preferred(runs)
+        for r in runs:
+            if r is not chosen:
+                r.notes.append(f"same configuration as {name_of(chosen)}")
+    measured = [r for r in group if r.tokens_per_s is not None]
+    baselines = [r for r in measured if r.nodes == 1 and r.strategy == BASELINE_STRATEGY
+                 and r.precision == BASELINE_PRECISION]
+    base = _preferred(baselines) if baselines else None
+
+    def one_node_reference(r: RunResult) -> RunResult | None:
+        # The same strategy and precision on 1 node: with the same processes per node when
+        # there is such a run (4 ranks on 2 nodes vs 2 ranks on 1), else any.
+        alike = [o for o in measured if o.nodes == 1 and (o.strategy, o.precision) ==
+                 (r.strategy, r.precision)]
+        exact = [o for o in alike if o.tasks_per_node() == r.tasks_per_node()]
+        return _preferred(exact or alike) if alike else None
+
+    for r in measured:
+        if base is not None:
+            r.baseline = name_of(base)
+            r.speedup = r.tokens_per_s / base.tokens_per_s
             if r.world_size:
-                r.efficiency_vs_single = r.tokens_per_s / (r.world_size * base)
-        ref = one_node.get((r.experiment, r.strategy, r.precision, r.tasks_per_node()),
-                           one_node.get((r.experiment, r.strategy, r.precision)))
-        if ref and r.nodes:
-            r.scaling_efficiency = r.tokens_per_s / (r.nodes * ref)
+                r.efficiency_vs_single = r.tokens_per_s / (r.world_size * base.tokens_per_s)
+        ref = one_node_reference(r)
+        if ref is not None and r.nodes:
+            r.scaling_efficiency = r.tokens_per_s / (r.nodes * ref.tokens_per_s)
     if target_loss is None:
-        finals = [r.final_loss for r in results if r.final_loss is not None]
+        finals = [r.final_loss for r in group if r.final_loss is not None]
         target_loss = max(finals) if finals else None
     if target_loss is not None:
-        for r in results:
+        for r in group:
             r.target_loss = target_loss
             for i, loss in enumerate(r.curve_loss):
                 if loss <= target_loss:
                     r.time_to_target_s, r.step_to_target = r.curve_time_s[i], r.curve_step[i]
                     break
     return target_loss
+
+
+def baseline_lines(results: list[RunResult]) -> list[str]:
+    """One line per baseline in use, for the foot of the table."""
+    names = list(dict.fromkeys(r.baseline for r in results if r.baseline))
+    return [f"speed-up and efficiency vs 1 GPU are against {name} ({BASELINE_STRATEGY}, "
+            f"{BASELINE_PRECISION}, 1 node; chosen as finished, then most steps)"
+            for name in names]
 
 
 # ------------------------------------------------------------------------------ rendering
@@ -304,6 +385,8 @@ def render_markdown(results: list[RunResult], target_loss: float | None = None) 
     if target_loss is not None:
         lines.append("")
         lines.append(f"Target loss for 'time to target': {target_loss:.4f}.")
+    for line in baseline_lines(results):
+        lines += ["", line[0].upper() + line[1:] + "."]
     return "\n".join(lines)
 
 
@@ -311,7 +394,7 @@ CSV_FIELDS = ["run_dir", "experiment", "strategy", "nodes", "world_size", "preci
               "communication", "job_id", "state", "state_source", "exit_code", "steps", "last_step",
               "planned_steps", "segments", "restarts", "corrupt_lines", "truncated",
               "tokens_per_s", "step_time_s", "steady_steps", "speedup", "scaling_efficiency",
-              "efficiency_vs_single", "target_loss", "time_to_target_s", "step_to_target",
+              "efficiency_vs_single", "baseline", "target_loss", "time_to_target_s", "step_to_target",
               "final_loss", "final_val_loss", "peak_mem_gb", "mfu", "max_rss", "notes"]
 
 

@@ -93,7 +93,7 @@ def test_killed_run_has_no_summary(real_runs):
     assert log.summary is None and len(log.segments) == 1
     (r,) = harvest.harvest([path], now=log.last_time + 3600)
     assert r.state == "INCOMPLETE" and r.planned_steps == 40
-    assert f"no summary: stopped at step {r.last_step} of 40" in r.notes
+    assert f"stopped at step {r.last_step} of 40" in r.notes
     (fresh,) = harvest.harvest([path], now=log.last_time + 1)
     assert fresh.state == "RUNNING-by-log"
 

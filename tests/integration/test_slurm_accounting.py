@@ -136,6 +136,6 @@ def test_harvest_takes_state_and_exit_code_from_sacct(jobs, tmp_path):
     (r,) = harvest.harvest([tmp_path])
     assert (r.state, r.state_source, r.exit_code, r.job_id) == ("FAILED", "sacct", 3, jobs["fail"])
     assert "failed with exit code 3" in r.notes
-    assert "no summary: stopped at step 2 of 10" in r.notes
+    assert "stopped at step 2 of 10" in r.notes
     assert any(n.startswith("1 error line(s) in slurm log, first: error: something broke")
                for n in r.notes)

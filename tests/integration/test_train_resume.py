@@ -135,3 +135,20 @@ def test_resume_without_checkpoint_starts_fresh_and_after_the_end_does_nothing(
     recs = records(tmp_path)
     assert [r["start_step"] for r in recs if r["kind"] == "header"] == [0, STEPS]
     assert len([r for r in recs if r["kind"] == "step"]) == STEPS  # no step ran twice
+
+
+def test_a_stop_signal_while_starting_checkpoints_instead_of_killing(tmp_path: Path) -> None:
+    """USR2 (Slurm's time-limit warning) that arrives while the rank is still importing torch
+    used to kill it: no checkpoint, and the requeued job started again from step 0."""
+    proc = subprocess.Popen(command(tmp_path, "single-gpu", 1, 29740, False), cwd=ROOT,
+                            env=_env(29740), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(0.8)  # inside `import torch` (seconds), after the first lines of python -m train
+    assert proc.poll() is None, "the run ended before it could be signalled"
+    proc.send_signal(signal.SIGUSR2)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == INTERRUPTED_EXIT, err[-3000:]
+    summary = records(tmp_path)[-1]
+    assert summary["kind"] == "summary" and summary["status"] == "interrupted"
+    assert (tmp_path / "checkpoints" / f"step-{summary['steps']:07d}.pt").exists()
+    assert "SIGUSR2 received" in out

@@ -30,6 +30,20 @@ BAD_INPUTS = [
     (["status", "--last", "0"], ["--last", "0", "1 or more"]),
     (["run", "--ranks", "0"], ["--ranks", "0", "1 or more"]),
     (["render", "--experiment", "/etc/passwd/x.yaml"], ["'/etc/passwd/x.yaml'", "cannot be read"]),
+    # issue 13: a lead before the time limit that is not shorter than the limit
+    (["render", "--set", "cluster.time_limit=2", "--set", "cluster.signal_lead_s=120"],
+     ["cluster.signal_lead_s 120", "'2' (120 s)"]),
+    (["render", "--set", "cluster.time_limit=0"], ["cluster.time_limit '0'", "longer than 0"]),
+    # issue 13: an empty matrix is refused, not a silent exit 0
+    (["submit", "--set", "matrix.strategies=[single-gpu]", "--set", "matrix.nodes=[2]", "--wait"],
+     ["no jobs", "single-gpu runs on 1 node only", "[2]"]),
+    (["render", "--set", "matrix.nodes=[]"], ["no jobs", "matrix.nodes is empty"]),
+    (["render", "--set", "matrix.strategies=[]"], ["no jobs", "matrix.strategies is empty"]),
+    (["run", "--set", "matrix.nodes=[2]"], ["no jobs", "this command runs on 1 node only"]),
+    # issue 13: what sbatch would reject later
+    (["render", "--set", """cluster.extra_sbatch=['--comment="a b"']"""],
+     ["extra_sbatch", "double quote"]),
+    (["render", "--set", "cluster.extra_sbatch=['--comment a b']"], ["extra_sbatch", "--name=value"]),
 ]
 
 
@@ -53,6 +67,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, expecte
 
 @pytest.mark.parametrize("content,expected", [
     ("- just\n- a list\n", "must hold a YAML mapping"),
+    ("", "it is empty"),
+    ("# only a comment\n", "it is empty"),
     ("name: [unclosed\n", "not valid YAML"),
     ("model:\n  preset: gpt5\n", "'gpt5'"),
     ("train:\n  stepz: 3\n", "'stepz'"),
@@ -102,3 +118,13 @@ def test_bad_peak_flops_is_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: HPCDP_PEAK_FLOPS='fast'")
     assert "Traceback" not in result.stderr
+
+
+def test_an_over_long_output_path_is_one_line_and_writes_nothing(tmp_path):
+    """OSError: [Errno 36] File name too long used to come out as a traceback."""
+    out = tmp_path / "runs" / ("x" * 300)
+    result = run_hpcdp(["render", "--strategy", "ddp", "--out", str(out)], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert "300 bytes" in result.stderr and "255" in result.stderr
+    assert list(tmp_path.iterdir()) == []

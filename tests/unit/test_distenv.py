@@ -611,7 +611,7 @@ def test_plain_python() -> None:
     env = detect({"HOME": "/root", "PATH": "/usr/bin"})
     assert env.launcher == "none"
     assert (env.rank, env.local_rank, env.world_size, env.local_world_size) == (0, 0, 1, 1)
-    assert (env.node_rank, env.num_nodes, env.in_step) == (0, 1, True)
+    assert (env.node_rank, env.num_nodes, env.in_step) == (0, 1, False)  # in no step at all
     assert (env.master_addr, env.master_port) == ("127.0.0.1", DEFAULT_MASTER_PORT)
     assert (env.job_id, env.hosts, env.restart_count) == (None, (), 0)
     check_world(env, 1, 1)
@@ -952,3 +952,18 @@ def test_real_heterogeneous_step(slurm_env: dict[str, str], tmp_path: Path) -> N
         assert t["master_addr"] == tasks[0]["nodename"]  # rank 0's node, wherever it landed
         assert t["hosts"][t["node_rank"]] == t["nodename"]
         assert t["local_world_size"] == sum(o["node_rank"] == t["node_rank"] for o in tasks)
+
+
+def test_hpcdp_env_outside_any_job_says_no_launcher_and_not_in_a_step(tmp_path) -> None:
+    """`hpcdp env` in a plain shell used to say in_step: true."""
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "HOROVOD_", "TORCHELASTIC_"))
+             and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK")}
+    run = [sys.executable, "-m", "hpcdp", "env"]
+    as_json = subprocess.run([*run, "--json"], env=clean, capture_output=True, text=True,
+                             check=True, cwd=tmp_path)
+    view = json.loads(as_json.stdout)
+    assert (view["launcher"], view["in_step"], view["world_size"]) == ("none", False, 1)
+    text = subprocess.run(run, env=clean, capture_output=True, text=True, check=True,
+                          cwd=tmp_path).stdout
+    assert text.startswith("no launcher found") and "in_step: False" in text

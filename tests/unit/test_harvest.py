@@ -127,7 +127,7 @@ def test_cancelled_run_without_summary(tmp_path):
     path = write_run(tmp_path / "c", recs)
     r = run_one(path, now=T0 + 3600)  # an hour after the last record
     assert r.state == "INCOMPLETE"
-    assert "no summary: stopped at step 3 of 10" in r.notes
+    assert "stopped at step 3 of 10" in r.notes
     fresh = run_one(path, now=T0 + 10)
     assert fresh.state == "RUNNING-by-log"
     assert not any("stopped" in n for n in fresh.notes)
@@ -145,7 +145,7 @@ def test_stopped_note_only_once_the_job_has_ended(tmp_path, state, stopped):
     r = harvest.summarize_log(path, log)
     r.state = state
     notes = harvest._notes(r, log, None, read.SlurmLogScan())
-    assert ("no summary: stopped at step 3 of 10" in notes) is stopped
+    assert ("stopped at step 3 of 10" in notes) is stopped
 
 
 def test_cut_last_line_is_reported_not_fatal(tmp_path):
@@ -323,11 +323,14 @@ def test_csv_and_json_round_trip(matrix, capsys):
 def test_markdown_and_table(matrix, capsys):
     assert harvest.main(_args(str(matrix), "-f", "markdown", "--no-slurm")) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("| strategy | nodes |") and len(lines) == 2 + 4 + 2
+    # header, rule, 4 runs, blank, target, blank, the baseline named
+    assert lines[0].startswith("| strategy | nodes |") and len(lines) == 2 + 4 + 2 + 2
     assert "| distributed-ps | 2 | 4 | fp32 | - | COMPLETED-by-log |" in lines[4]
+    assert lines[-1].startswith("Speed-up and efficiency vs 1 GPU are against ")
     assert harvest.main(_args(str(matrix), "--no-slurm")) == 0
     table = capsys.readouterr().out
     assert "3.00x" in table and "83.3%" in table and "75.0%" in table
+    assert "are against " in table.splitlines()[-1]
 
 
 def test_out_dir_writes_tables_and_plots(matrix, tmp_path, capsys):
@@ -407,3 +410,63 @@ def test_a_number_only_the_pattern_accepts_is_a_corrupt_line(tmp_path):
     (path / "metrics.jsonl").write_text(text)
     log = read.read_metrics(path / "metrics.jsonl")
     assert log.corrupt_lines == 1 and sorted(log.steps) == [2, 3]
+
+
+# ------------------------------------------------------------ what may be compared (issue 13)
+
+
+def _with_train(path: Path, **train) -> Path:
+    """Rewrite a run's header config with other training settings (HAND-WRITTEN)."""
+    lines = (path / "metrics.jsonl").read_text().splitlines()
+    head = json.loads(lines[0])
+    head["config"]["train"].update(train)
+    (path / "metrics.jsonl").write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    return path
+
+
+def test_runs_trained_differently_are_not_compared(tmp_path):
+    simple_run(tmp_path / "a" / "single-gpu-1n", "single-gpu", 1, 1, tps=1000.0)
+    simple_run(tmp_path / "a" / "distributed-ps-2n", "distributed-ps", 2, 2, tps=1800.0)
+    simple_run(tmp_path / "b" / "single-gpu-1n", "single-gpu", 1, 1, tps=500.0)
+    _with_train(simple_run(tmp_path / "b" / "distributed-ps-2n", "distributed-ps", 2, 2,
+                           tps=3100.0), micro_batch_size=32)
+    rows = {r.run_dir.split(str(tmp_path) + "/")[1]: r
+            for r in harvest.harvest([tmp_path], query_slurm=False)}
+    odd = rows["b/distributed-ps-2n"]
+    # Compared with nothing: not 3.10x over a/single-gpu-1n, and its own group has no baseline.
+    assert odd.speedup is None and odd.scaling_efficiency is None and odd.baseline is None
+    (note,) = [n for n in odd.notes if n.startswith("trained differently")]
+    assert "train.micro_batch_size=32 (there None)" in note and "not compared" in note
+    # b/single-gpu-1n is trained like a/: same configuration, and a/ (first by rule) leads.
+    assert rows["a/distributed-ps-2n"].speedup == pytest.approx(1.8)
+    assert rows["a/distributed-ps-2n"].baseline == "a/single-gpu-1n"
+    assert "same configuration as a/single-gpu-1n" in rows["b/single-gpu-1n"].notes
+    assert not any("same configuration" in n for n in odd.notes)
+
+
+def test_the_baseline_is_a_finished_run_never_a_cancelled_one_by_folder_order(tmp_path):
+    # "a-cancelled" sorts first by folder name but stopped at step 3 of 10 without a summary.
+    recs = [header("single-gpu", 1, 1, steps=5)] + [
+        step(i, 5 - i / 10, 9000.0, i) for i in (1, 2, 3, 4)]
+    write_run(tmp_path / "a-cancelled", recs)
+    simple_run(tmp_path / "b-done", "single-gpu", 1, 1, tps=1000.0)
+    simple_run(tmp_path / "c-ddp", "distributed-ps", 2, 2, tps=1500.0)
+    rows = {Path(r.run_dir).name: r
+            for r in harvest.harvest([tmp_path], query_slurm=False, now=T0 + 3600)}
+    assert rows["c-ddp"].baseline == "b-done" and rows["c-ddp"].speedup == pytest.approx(1.5)
+    assert rows["a-cancelled"].speedup == pytest.approx(9.0)  # measured against b-done too
+    assert "same configuration as b-done" in rows["a-cancelled"].notes
+    lines = harvest.table.baseline_lines(list(rows.values()))
+    assert lines == [lines[0]] and "against b-done" in lines[0]
+
+
+def test_a_stopped_run_has_one_note_with_or_without_an_interrupted_summary(tmp_path):
+    steps = [step(i, 5 - i / 10, 800, i) for i in (1, 2, 3)]
+    interrupted = {**summary(3, 4.7), "status": "interrupted"}
+    write_run(tmp_path / "signalled", [header("horovod", 2, 4, steps=10), *steps, interrupted])
+    write_run(tmp_path / "cut", [header("horovod", 2, 4, steps=10), *steps], tail='{"kind": "st')
+    rows = {Path(r.run_dir).name: r
+            for r in harvest.harvest([tmp_path], query_slurm=False, now=T0 + 3600)}
+    for name in ("signalled", "cut"):
+        assert "stopped at step 3 of 10" in rows[name].notes, (name, rows[name].notes)
+    assert rows["signalled"].state == rows["cut"].state == "INCOMPLETE"

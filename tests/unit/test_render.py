@@ -134,3 +134,21 @@ def test_cli_never_imports_torch_or_transformers(argv, tmp_path):
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60)
     assert "HEAVY=\n" in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("limit, lead", [("2", 12), ("00:20:00", 120), ("1-00", 120),
+                                         ("5:00", 30), ("0:30", 3)])
+def test_the_requeue_signal_lead_scales_with_a_short_time_limit(limit, lead):
+    """A 2-minute limit with the old fixed 120 s lead signalled at once and requeued the job
+    to death: the lead is a tenth of the limit, at most 120 s (or cluster.signal_lead_s)."""
+    profile = config.load_profile("local", {"time_limit": limit})
+    lines = render.sbatch_directives(profile, strategies.get("ddp"), 2, "x")
+    assert f"--signal=B:USR2@{lead}" in lines
+    fixed = config.load_profile("local", {"time_limit": limit, "signal_lead_s": 1})
+    assert "--signal=B:USR2@1" in render.sbatch_directives(fixed, strategies.get("ddp"), 2, "x")
+
+
+def test_extra_sbatch_values_with_spaces_are_quoted_as_sbatch_reads_them():
+    profile = config.load_profile("local", {"extra_sbatch": ["--comment=a b", "--exclusive"]})
+    lines = render.sbatch_directives(profile, strategies.get("ddp"), 2, "x")
+    assert '--comment="a b"' in lines and "--exclusive" in lines

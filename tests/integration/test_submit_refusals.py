@@ -1,0 +1,86 @@
+"""What a new user hit off the happy path on the local cluster (issue 13): node counts the
+partition cannot give, pending jobs without Slurm's reason, `--wait --timeout` saying "ended"
+for a job that had not, sbatch's message twice, and files left behind by a refused submission.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+FAST = ["--set", "train.steps=2", "--set", "train.eval_interval=0",
+        "--set", "data.corpus=synthetic"]
+
+
+def hpcdp(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpcdp", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_more_nodes_than_the_partition_has_is_refused_before_submitting(slurm_cluster,
+                                                                        tmp_path):
+    nodes = subprocess.run(["sinfo", "--noheader", "--format=%D", "--partition=debug"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    total = sum(map(int, nodes))
+    result = hpcdp("submit", "-s", "ddp", "-N", str(total + 1), "--out", str(tmp_path / "runs"),
+                   *FAST, "--wait", "--timeout", "15", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert f"--nodes {total + 1}" in line and "partition debug" in line
+    assert f"at most {total} node(s)" in line and "PartitionNodeLimit" in line
+    assert not (tmp_path / "runs").exists() and "submitted job" not in result.stdout
+
+
+def test_a_pending_job_shows_slurms_reason_and_wait_says_it_gave_up(slurm_cluster, tmp_path):
+    # --begin an hour from now: PENDING with reason BeginTime, whatever else the cluster runs.
+    # The comment holds a space: rendered as --comment="a b", which sbatch keeps whole.
+    extra = "cluster.extra_sbatch=['--begin=now+1hour', '--comment=a b']"
+    result = hpcdp("submit", "-s", "single-gpu", "--out", str(tmp_path / "runs"), *FAST,
+                   "--set", extra, "--wait", "--timeout", "4", cwd=tmp_path)
+    job_id = result.stdout.split("submitted job ")[1].split(":")[0]
+    try:
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert f"job {job_id}: PENDING (BeginTime)" in result.stdout
+        assert "ended" not in result.stderr
+        assert f"gave up waiting after 4 s: job {job_id} (single-gpu) is still PENDING " \
+               "(BeginTime)" in result.stderr
+        shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
+                               text=True, check=True).stdout
+        assert "Comment=a b" in shown
+        text = hpcdp("status", "--last", "1", cwd=tmp_path).stdout
+        assert "PENDING (BeginTime)" in text
+        (row,) = json.loads(hpcdp("status", "--last", "1", "--json", cwd=tmp_path).stdout)
+        assert (row["job_id"], row["state"], row["reason"]) == (job_id, "PENDING", "BeginTime")
+    finally:
+        subprocess.run(["scancel", job_id], check=True)
+
+
+def test_a_refused_submission_says_so_once_and_leaves_nothing(slurm_cluster, tmp_path):
+    result = hpcdp("submit", "-s", "ddp", "-N", "2", "--set", "cluster.partition=nosuch",
+                   "--out", str(tmp_path / "runs"), *FAST, cwd=tmp_path)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "sbatch refused" in line and "nosuch" in line
+    assert line.count("Invalid partition name specified") == 1, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_refused_resubmission_keeps_the_earlier_runs_files(slurm_cluster, tmp_path):
+    """Refused into a folder an earlier run wrote: its experiment.yaml and script stay as
+    they were."""
+    first = hpcdp("render", "-s", "ddp", "-N", "2", "--out", str(tmp_path / "runs"), *FAST,
+                  cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    run_dir = tmp_path / "runs" / "smoke" / "distributed-ps-2n"
+    before = {p.name: p.read_text() for p in run_dir.iterdir()}
+    again = hpcdp("submit", "-s", "ddp", "-N", "2", "--set", "cluster.partition=nosuch",
+                  "--set", "train.steps=3", "--out", str(tmp_path / "runs"), *FAST[2:],
+                  cwd=tmp_path)
+    assert again.returncode == 2
+    assert {p.name: p.read_text() for p in run_dir.iterdir()} == before

@@ -1,0 +1,67 @@
+"""Stop requests: SIGTERM, SIGUSR1 and SIGUSR2 (Slurm's warning before a time limit or a
+preemption; the rendered scripts forward USR2 to the ranks) end training cleanly.
+
+`catch_early` runs first thing in `python -m train`, before torch loads: a signal that arrives
+while a rank is still starting would otherwise kill it (the default action of all three) with
+no checkpoint. It only records the signal; the loop's StopSignal takes it over.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from train.strategies import Strategy
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+_early: str | None = None
+
+
+def _record_early(signum: int, frame: Any) -> None:
+    global _early
+    _early = signal.Signals(signum).name
+
+
+def catch_early() -> None:
+    """Record stop signals from now on instead of dying of them."""
+    for sig in SIGNALS:
+        try:
+            signal.signal(sig, _record_early)
+        except ValueError:  # not the main thread
+            pass
+
+
+class StopSignal:
+    """The handler only sets a flag; after each step the ranks agree (any rank signalled -> all
+    stop at the same step), save a checkpoint and leave, so a requeued job resumes there.
+    A signal caught during start-up (catch_early) counts as received."""
+
+    def __init__(self) -> None:
+        self.name: str | None = _early
+        self._previous: dict[int, Any] = {}
+        for sig in SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. run() called from a thread)
+                pass
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.name = signal.Signals(signum).name
+
+    def agreed(self, strategy: Strategy, device: torch.device) -> bool:
+        import torch
+
+        if strategy.world_size == 1:
+            return self.name is not None
+        flag = torch.tensor(1.0 if self.name else 0.0, device=device)
+        if strategy.mean(flag).item() > 0:
+            self.name = self.name or "stop signal (on another rank)"
+            return True
+        return False
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
