@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from hpcdp import __version__, config, strategies
-from hpcdp.errors import ArgumentParser, UsageError, one_line, positive_float, positive_int
+from hpcdp.errors import CLI_NAME, ArgumentParser, UsageError, one_line, positive_float, positive_int
 
 DEFAULT_CLUSTER = "local"
 DEFAULT_EXPERIMENT = "smoke"
@@ -27,7 +27,7 @@ def _add_selection(parser: argparse.ArgumentParser, strategy_required: bool = Fa
     parser.add_argument("--experiment", "-e", default=DEFAULT_EXPERIMENT,
                         help="experiment: a shipped name (smoke, paper) or a YAML path")
     parser.add_argument("--strategy", "-s", required=strategy_required,
-                        help=f"one of {', '.join(strategies.NAMES)} (or dp, ddp, ddp-apex); "
+                        help=f"one of {', '.join(strategies.NAMES)} (or {strategies.alias_hint()}); "
                              "without it: the experiment's whole matrix")
     parser.add_argument("--nodes", "-N", type=int,
                         help="node count (with --strategy; default 1)")
@@ -293,8 +293,12 @@ def cmd_cluster(args) -> int:
 
 
 def cmd_strategies(args) -> int:
+    chosen = [s for s in strategies.STRATEGIES if not (args.without_horovod and s.needs_horovod)]
+    if args.names:  # for scripts: --set "matrix.strategies=[$(hpcdp strategies --names)]"
+        print(", ".join(s.name for s in chosen))
+        return 0
     print(f"{'NAME':<21} {'MECHANISM':<14} {'PROCESSES':<15} {'PRECISION':<10} {'NODES':<6} PAPER")
-    for s in strategies.STRATEGIES:
+    for s in chosen:
         print(f"{s.name:<21} {s.mechanism:<14} {s.launch:<15} "
               f"{'mixed' if s.mixed_precision else 'fp32':<10} "
               f"{'1' if s.max_nodes == 1 else 'any':<6} {s.paper_name}")
@@ -311,7 +315,7 @@ def cmd_harvest(args) -> int:
 # ------------------------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="hpcdp", description="Data-parallel GPT-2 pre-training on Slurm.")
+    parser = ArgumentParser(prog=CLI_NAME, description="Data-parallel GPT-2 pre-training on Slurm.")
     parser.add_argument("--version", action="version", version=f"hpcdp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
 
@@ -356,7 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--purge", action="store_true", help="with down: delete its data too")
     p.set_defaults(func=cmd_cluster)
 
-    p = sub.add_parser("strategies", help="list the six strategies")
+    p = sub.add_parser("strategies", help="list the strategies")
+    p.add_argument("--names", action="store_true", help="only the names, comma-separated")
+    p.add_argument("--without-horovod", action="store_true",
+                   help="leave out the strategies that need Horovod")
     p.set_defaults(func=cmd_strategies)
 
     p = sub.add_parser("harvest", help="tables and plots from finished runs")

@@ -250,7 +250,7 @@ class Matrix:
             _at_least("matrix.nodes entry", n, 1)
         object.__setattr__(self, "nodes", list(dict.fromkeys(self.nodes)))
 
-    def cells(self, max_nodes: int | None = None) -> list[tuple[strategies.Strategy, int]]:
+    def cells(self, max_nodes: int | None = None) -> list[tuple[strategies.StrategySpec, int]]:
         """Every (strategy, nodes) pair the strategy can run (single-node ones skip N > 1), up
         to `max_nodes`. An empty result is an error that says why: nothing would run."""
         out = []

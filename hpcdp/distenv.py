@@ -205,6 +205,8 @@ class DistEnv:
     cpus_per_task: int | None = None
     network_interface: str | None = None
     """NCCL_SOCKET_IFNAME syntax (e.g. ib0, ^lo,docker); None: let NCCL/Gloo pick."""
+    gloo_socket_ifname: str | None = None
+    """GLOO_SOCKET_IFNAME as set in the environment (a user's choice wins over the derived one)."""
     in_step: bool = True
     """Whether a launcher started this process as one task of a step. False in a Slurm batch
     shell that srun did not start, and in a plain process with no launcher at all."""
@@ -246,10 +248,35 @@ class DistEnv:
         }
         if self.network_interface:
             env["NCCL_SOCKET_IFNAME"] = self.network_interface
-            gloo = _gloo_ifname(self.network_interface)
-            if gloo:
-                env["GLOO_SOCKET_IFNAME"] = gloo
+        gloo = self.gloo_interface()
+        if gloo:
+            env["GLOO_SOCKET_IFNAME"] = gloo
         return env
+
+    def gloo_interface(self, available: list[str] | None = None) -> str | None:
+        """The interface Gloo (torch's and Horovod's) uses on this node; None: Gloo picks.
+
+        GLOO_SOCKET_IFNAME from the environment if set; else network_interface, which is in
+        NCCL's syntax: plain names pass as they are (without NCCL's '=' exact-match mark), and
+        an exclusion list `^a,b`, which Gloo cannot read, becomes the first interface of this
+        node that has an IPv4 address and that no entry prefixes (NCCL matches prefixes).
+        """
+        if self.gloo_socket_ifname:
+            return self.gloo_socket_ifname
+        if not self.network_interface:
+            return None
+        plain = plain_interfaces(self.network_interface)
+        if plain:
+            return plain
+        excluded = [p for p in self.network_interface[1:].split(",") if p]
+        names = local_interfaces() if available is None else available
+        for name in names:
+            if not any(name.startswith(prefix) for prefix in excluded):
+                return name
+        raise DistEnvError(
+            f"network interface {self.network_interface!r} leaves Gloo no interface with an "
+            f"IPv4 address on {socket.gethostname()} (it has: {', '.join(names) or 'none'}); "
+            "name one in cluster.network_interface, e.g. ib0 or eth0")
 
     def horovod_view(self) -> dict[str, int]:
         """rank, size, local_rank, local_size, cross_rank, cross_size in Horovod's terms.
@@ -257,20 +284,18 @@ class DistEnv:
         Horovod's cross communicator joins the processes with the same local rank, one per
         node: with uneven nodes (`3,2`) local rank 2 exists on one node only.
         """
-        if self.tasks_per_node:
-            holders = [n for n, count in enumerate(self.tasks_per_node) if count > self.local_rank]
-            cross_size = len(holders)
-            cross_rank = holders.index(self.node_rank) if self.node_rank in holders else 0
-        else:
-            cross_rank, cross_size = self.node_rank, self.num_nodes
-        return {
-            "rank": self.rank,
-            "size": self.world_size,
-            "local_rank": self.local_rank,
-            "local_size": self.local_world_size,
-            "cross_rank": cross_rank,
-            "cross_size": cross_size,
-        }
+        for slot in horovod_slots(self.layout()):
+            if (slot["node_rank"], slot["local_rank"]) == (self.node_rank, self.local_rank):
+                return {"rank": self.rank, "size": self.world_size,
+                        "local_rank": self.local_rank, "local_size": self.local_world_size,
+                        "cross_rank": slot["cross_rank"], "cross_size": slot["cross_size"]}
+        return {"rank": self.rank, "size": self.world_size, "local_rank": self.local_rank,
+                "local_size": self.local_world_size, "cross_rank": self.node_rank,
+                "cross_size": self.num_nodes}
+
+    def layout(self) -> list[int]:
+        """Tasks on each node, by node rank (uniform when Slurm did not say)."""
+        return list(self.tasks_per_node) or [self.local_world_size] * self.num_nodes
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values (tuples become lists)."""
@@ -302,11 +327,58 @@ def _short_list(hosts: list[str], keep: int = 8) -> str:
     return ",".join(hosts[:keep]) + f",... ({len(hosts)} hosts)"
 
 
-def _gloo_ifname(nccl_ifname: str) -> str | None:
-    """Gloo takes plain interface names; NCCL's `^exclude` lists have no Gloo equivalent."""
+def horovod_slots(layout: list[int]) -> list[dict[str, int]]:
+    """Every rank's place in Horovod's terms, for tasks per node `layout` (e.g. [2, 2]), in
+    rank order: rank, node_rank, local_rank, local_size, cross_rank, cross_size. Horovod's
+    cross communicator joins the ranks with the same local rank, one per node, so with uneven
+    nodes (3,2) local rank 2 exists on one node only. The one source for `hpcdp env` and for
+    the Gloo rendezvous train/ serves."""
+    slots, rank = [], 0
+    for node, count in enumerate(layout):
+        for local_rank in range(count):
+            holders = [n for n, c in enumerate(layout) if c > local_rank]
+            slots.append({"rank": rank, "node_rank": node, "local_rank": local_rank,
+                          "local_size": count, "cross_rank": holders.index(node),
+                          "cross_size": len(holders)})
+            rank += 1
+    return slots
+
+
+def plain_interfaces(nccl_ifname: str) -> str | None:
+    """NCCL-syntax interfaces as Gloo reads them: `ib0`, `=eth0` -> `eth0`; None for an
+    exclusion list (`^lo,docker0`), which only the node itself can resolve."""
     if nccl_ifname.startswith("^"):
         return None
     return nccl_ifname.lstrip("=") or None
+
+
+def network_env(interface: str | None) -> dict[str, str]:
+    """What a rendered script exports for the profile's network_interface: hpcdp's own
+    variable, NCCL's, and Gloo's where it can be written down before the job runs (an
+    exclusion list is resolved on each node by DistEnv.gloo_interface)."""
+    if not interface:
+        return {}
+    env = {"HPCDP_NETWORK_INTERFACE": interface, "NCCL_SOCKET_IFNAME": interface}
+    plain = plain_interfaces(interface)
+    if plain:
+        env["GLOO_SOCKET_IFNAME"] = plain
+    return env
+
+
+def local_interfaces() -> list[str]:
+    """This node's network interfaces that have an IPv4 address, in the kernel's order."""
+    import fcntl
+    import struct
+
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR: fails for an interface without an IPv4 address (or down)
+                fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            found.append(name)
+    return found
 
 
 # --------------------------------------------------------------------------------------------
@@ -552,6 +624,7 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
         restart_count=slurm.restart_count,
         cpus_per_task=slurm.cpus_per_task,
         network_interface=_interface(environ),
+        gloo_socket_ifname=environ.get("GLOO_SOCKET_IFNAME", "").strip() or None,
         job_num_tasks=slurm.num_tasks,
     )
     return build(environ, slurm, common)
@@ -813,9 +886,13 @@ def check_world(env: DistEnv, expected_world_size: int | None,
         )
 
 
-def threads_per_process(env: DistEnv) -> int:
-    """CPU threads each process should use: SLURM_CPUS_PER_TASK, else this node's CPUs shared
-    among its processes; at least 1."""
+def threads_per_process(env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
+    """CPU threads each process should use, the one rule (train/ applies it, `hpcdp env` shows
+    it): an explicit OMP_NUM_THREADS (torchrun sets 1, a user may set more), else
+    SLURM_CPUS_PER_TASK, else this node's CPUs shared among its processes; at least 1."""
+    raw = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
     if env.cpus_per_task:
         return max(1, env.cpus_per_task)
     return max(1, (os.cpu_count() or 1) // max(1, env.local_world_size))

@@ -5,6 +5,9 @@ import difflib
 from collections.abc import Iterable
 
 
+CLI_NAME = "hpcdp"
+
+
 class UsageError(Exception):
     """Bad input from the user: the CLI prints the message on one line and exits with code 2."""
 
@@ -27,7 +30,9 @@ class ArgumentParser(argparse.ArgumentParser):
     (plain argparse prints the usage block first)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        # hpcdp's main prints "hpcdp: error: " itself: name only the sub-command here.
+        where = self.prog.removeprefix(CLI_NAME).strip()
+        raise UsageError(f"{where}: {message}" if where else message)
 
 
 def positive_int(text: str) -> int:

@@ -14,14 +14,15 @@ import sys
 from pathlib import Path
 
 from hpcdp.errors import UsageError
-from hpcdp.strategies import Strategy
+from hpcdp.render import train_arguments
+from hpcdp.strategies import StrategySpec
 
 
 # horovodrun on one machine: Gloo needs no MPI set-up and no ssh.
 HOROVOD_CONTROLLER = "gloo"
 
 
-def launch_command(strategy: Strategy, ranks: int, python: str, train_args: list[str]) -> list[str]:
+def launch_command(strategy: StrategySpec, ranks: int, python: str, train_args: list[str]) -> list[str]:
     train = [python, "-m", "train", *train_args]
     if strategy.local_launcher == "python":
         return train
@@ -35,17 +36,13 @@ def launch_command(strategy: Strategy, ranks: int, python: str, train_args: list
     return [horovodrun, "-np", str(ranks), f"--{HOROVOD_CONTROLLER}", *train]
 
 
-def run_locally(strategy: Strategy, ranks: int, experiment_file: Path, run_dir: Path) -> int:
+def run_locally(strategy: StrategySpec, ranks: int, experiment_file: Path, run_dir: Path) -> int:
     """Prepare the data, then train; returns the training command's exit code."""
     python = sys.executable
     run_dir.mkdir(parents=True, exist_ok=True)
     tasks = strategy.tasks_per_node(ranks)
-    args = ["--experiment", str(experiment_file), "--strategy", strategy.name,
-            "--out", str(run_dir), "--resume", "--expect-world", str(tasks),
-            "--expect-tasks-per-node", str(tasks)]
-    env = dict(os.environ)
-    # Ranks share this machine's cores: one thread each unless the user said otherwise.
-    env.setdefault("OMP_NUM_THREADS", "1")
+    args = train_arguments(strategy, experiment_file, run_dir, tasks, tasks)
+    env = dict(os.environ)  # threads: train/ shares this machine's cores among the ranks
     for key in [k for k in env if k.startswith("SLURM_")]:
         del env[key]  # inside an allocation, srun's variables would describe another world
     print(f"hpcdp: running {strategy.name} as {tasks} local process(es), no Slurm; "

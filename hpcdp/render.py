@@ -22,10 +22,10 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from hpcdp import PROJECT_ROOT, TEMPLATES_DIR, __version__
+from hpcdp import PROJECT_ROOT, TEMPLATES_DIR, __version__, distenv, slurm
 from hpcdp.config import ClusterProfile, Experiment, as_dict
 from hpcdp.errors import UsageError
-from hpcdp.strategies import Strategy
+from hpcdp.strategies import StrategySpec
 
 # Values that go into #SBATCH lines: Slurm names, lists of names, sizes.
 _SBATCH_SAFE = re.compile(r"[A-Za-z0-9._,:+-]+")
@@ -36,7 +36,7 @@ EXPERIMENT_FILE = "experiment.yaml"
 class RenderedJob:
     """One rendered script and where its files go."""
 
-    strategy: Strategy
+    strategy: StrategySpec
     nodes: int
     tasks_per_node: int
     run_dir: Path
@@ -45,11 +45,31 @@ class RenderedJob:
     text: str
 
 
-def job_name(experiment: str, strategy: Strategy, nodes: int) -> str:
+def job_name(experiment: str, strategy: StrategySpec, nodes: int) -> str:
     return f"{experiment}-{strategy.name}-{nodes}n"
 
 
-def run_dir_for(profile: ClusterProfile, experiment: Experiment, strategy: Strategy, nodes: int,
+def train_arguments(strategy: StrategySpec, experiment_file: Path, run_dir: Path,
+                    world_size: int, tasks_per_node: int) -> list[str]:
+    """`python -m train` arguments of a job: the same for the rendered script and `hpcdp run`.
+    Always --resume: a requeued or rerun job continues from its newest checkpoint."""
+    return ["--experiment", str(experiment_file), "--strategy", strategy.name,
+            "--out", str(run_dir), "--resume", "--expect-world", str(world_size),
+            "--expect-tasks-per-node", str(tasks_per_node)]
+
+
+def _option_lines(words: list[str]) -> list[str]:
+    """Quoted words, one option and its value per line (for a readable bash array)."""
+    lines: list[str] = []
+    for word in words:
+        if word.startswith("--") or not lines:
+            lines.append(shlex.quote(word))
+        else:
+            lines[-1] += " " + shlex.quote(word)
+    return lines
+
+
+def run_dir_for(profile: ClusterProfile, experiment: Experiment, strategy: StrategySpec, nodes: int,
                 output_dir: str | None = None) -> Path:
     root = Path(output_dir or profile.output_dir).expanduser()
     return (root / experiment.name / f"{strategy.name}-{nodes}n").absolute()
@@ -107,7 +127,7 @@ def _sbatch_value(value: str, what: str) -> str:
     return value
 
 
-def sbatch_directives(profile: ClusterProfile, strategy: Strategy, nodes: int,
+def sbatch_directives(profile: ClusterProfile, strategy: StrategySpec, nodes: int,
                       name: str) -> list[str]:
     """The #SBATCH options, one per line, in a fixed order."""
     tasks = strategy.tasks_per_node(profile.devices_per_node())
@@ -140,7 +160,7 @@ def sbatch_directives(profile: ClusterProfile, strategy: Strategy, nodes: int,
     return lines
 
 
-def render_job(profile: ClusterProfile, experiment: Experiment, strategy: Strategy, nodes: int,
+def render_job(profile: ClusterProfile, experiment: Experiment, strategy: StrategySpec, nodes: int,
                *, output_dir: str | None = None, script_path: Path | None = None) -> RenderedJob:
     """Render the script for one (strategy, nodes) cell. Pure: writes nothing."""
     strategy.check_nodes(nodes)
@@ -154,11 +174,8 @@ def render_job(profile: ClusterProfile, experiment: Experiment, strategy: Strate
     _check_path(run_dir / ".submitit" / f".{EXPERIMENT_FILE}.tmp", "output directory")
     if script_path is not None:
         _check_path(script_path, "script path")
-    env_vars = dict(profile.env)
-    if profile.network_interface:
-        # distenv reads HPCDP_NETWORK_INTERFACE; NCCL and Gloo read their own names.
-        for key in ("HPCDP_NETWORK_INTERFACE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-            env_vars.setdefault(key, profile.network_interface)
+    # The profile's own env wins over what hpcdp derives from network_interface.
+    env_vars = distenv.network_env(profile.network_interface) | dict(profile.env)
     context = {
         "version": __version__,
         "experiment": experiment,
@@ -176,6 +193,10 @@ def render_job(profile: ClusterProfile, experiment: Experiment, strategy: Strate
         "project_root": str(PROJECT_ROOT),
         "run_dir": str(run_dir),
         "experiment_file": str(experiment_file),
+        "train_options": _option_lines(
+            train_arguments(strategy, experiment_file, run_dir, nodes * tasks, tasks)),
+        # Expanded by the shell in the job: slurm-<job id>.out
+        "job_log": slurm.job_log_name("${SLURM_JOB_ID:-manual}"),
     }
     text = _environment().get_template(strategy.template).render(**context)
     return RenderedJob(

@@ -34,6 +34,15 @@ ENDING = "ENDING"
 UNKNOWN = "UNKNOWN"
 """Neither squeue nor sacct knows the id (wrong cluster, purged, or not submitted)."""
 
+JOB_LOG = "slurm-{job_id}.out"
+"""A job's log in its run directory: the rendered script sends its output there, `hpcdp submit`
+and harvest look for it there."""
+
+
+def job_log_name(job_id: str) -> str:
+    return JOB_LOG.format(job_id=job_id)
+
+
 # Client commands must not hang `hpcdp status`: sacct retries a missing config for 60 s.
 COMMAND_TIMEOUT_S = 30.0
 

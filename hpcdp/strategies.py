@@ -1,31 +1,42 @@
-"""The six data-parallel strategies of the paper, as data.
+"""The paper's data-parallel strategies, as data: one StrategySpec each.
 
-This is the only place that knows strategy names. Six names map to four mechanisms; the "-apex"
-suffix is precision (mixed), not a mechanism. Everything else (templates, train/, harvest) asks a
-`Strategy` for its fields and never compares names.
+This is the only place that knows strategy names. Six names map to four implementations; the
+"-apex" suffix is precision (mixed), not an implementation. Everything else (templates, train/,
+harvest, the CLI and the demo) reads a spec's fields and never compares names. Adding a
+strategy is one entry here plus its implementation, one file under train/strategies/: hpcdp/
+names that class as a string, so it never imports torch.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 from hpcdp.errors import UsageError, did_you_mean
 
-Mechanism = Literal["single", "data_parallel", "ddp", "horovod"]
-# How processes start. "one-per-node": one process that sees every device of its node;
-# "one-per-device": one process per GPU (per CPU rank on CPU nodes), started by srun.
+# How processes start. "one-per-node": one process that drives one device, or every device of
+# its node (uses_all_node_devices); "one-per-device": one process per GPU (per CPU rank on
+# CPU nodes), started by srun.
 Launch = Literal["one-per-node", "one-per-device"]
+TEMPLATES: dict[str, str] = {"one-per-node": "single.sbatch.j2",
+                             "one-per-device": "per_device.sbatch.j2"}
+"""The launch family in templates/ that renders each kind of launch."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class Strategy:
+class StrategySpec:
+    """One strategy's record: every fact the renderer, the trainer, the docs and the demo use.
+    (The runtime object that trains is train.strategies.Strategy, built from `implementation`.)
+    """
+
     name: str
     """Canonical name, used in file names, metrics and tables."""
     paper_name: str
     """What the paper (arXiv 2206.06356) called it."""
-    mechanism: Mechanism
-    """Which train/strategies module implements it."""
+    implementation: str
+    """"module:Class" of its train.strategies.Strategy subclass (imported only by train/)."""
     launch: Launch
     mixed_precision: bool
     """True for the "-apex" variants: autocast + GradScaler (or legacy apex.amp)."""
@@ -33,15 +44,21 @@ class Strategy:
     """None: any node count. 1: the strategy cannot span nodes."""
     uses_all_node_devices: bool = False
     """The single process drives every GPU of its node (DataParallel)."""
-    template: str
-    """The launch family in templates/ that renders its sbatch script."""
     local_launcher: Literal["python", "torchrun", "horovodrun"]
     """How `hpcdp run` starts it on this machine without Slurm."""
+    needs_horovod: bool = False
+    """Horovod must be installed where it runs (preflight checks it; the template uses it)."""
     aliases: tuple[str, ...] = ()
 
     @property
-    def needs_horovod(self) -> bool:
-        return self.mechanism == "horovod"
+    def mechanism(self) -> str:
+        """The implementation's module name (single, data_parallel, ddp, horovod): the
+        metrics header's `mechanism`."""
+        return self.implementation.partition(":")[0].rpartition(".")[2]
+
+    @property
+    def template(self) -> str:
+        return TEMPLATES[self.launch]
 
     def tasks_per_node(self, devices_per_node: int) -> int:
         """Processes Slurm starts on each node, given GPUs (or CPU ranks) per node."""
@@ -49,10 +66,8 @@ class Strategy:
 
     def gpus_per_node(self, gpus_on_node: int) -> int:
         """GPUs the job asks for on each node."""
-        if gpus_on_node == 0:
-            return 0
-        if self.mechanism == "single":
-            return 1
+        if self.launch == "one-per-node" and not self.uses_all_node_devices:
+            return min(1, gpus_on_node)
         return gpus_on_node
 
     def check_nodes(self, nodes: int) -> None:
@@ -66,72 +81,68 @@ class Strategy:
             )
 
 
-STRATEGIES: tuple[Strategy, ...] = (
-    Strategy(
+STRATEGIES: tuple[StrategySpec, ...] = (
+    StrategySpec(
         name="single-gpu",
         paper_name="Single GPU",
-        mechanism="single",
+        implementation="train.strategies.single:SingleStrategy",
         launch="one-per-node",
         mixed_precision=False,
         max_nodes=1,
-        template="single.sbatch.j2",
         local_launcher="python",
         aliases=("single",),
     ),
-    Strategy(
+    StrategySpec(
         name="single-ps",
         paper_name="Single Parameter Server (DataParallel)",
-        mechanism="data_parallel",
+        implementation="train.strategies.data_parallel:DataParallelStrategy",
         launch="one-per-node",
         mixed_precision=False,
         max_nodes=1,
         uses_all_node_devices=True,
-        template="single.sbatch.j2",
         local_launcher="python",
         aliases=("dp", "sps"),
     ),
-    Strategy(
+    StrategySpec(
         name="distributed-ps",
         paper_name="Distributed Parameter Server (DistributedDataParallel)",
-        mechanism="ddp",
+        implementation="train.strategies.ddp:DDPStrategy",
         launch="one-per-device",
         mixed_precision=False,
         max_nodes=None,
-        template="srun.sbatch.j2",
         local_launcher="torchrun",
         aliases=("ddp", "dps"),
     ),
-    Strategy(
+    StrategySpec(
         name="horovod",
         paper_name="Horovod",
-        mechanism="horovod",
+        implementation="train.strategies.horovod:HorovodStrategy",
         launch="one-per-device",
         mixed_precision=False,
         max_nodes=None,
-        template="horovod.sbatch.j2",
         local_launcher="horovodrun",
+        needs_horovod=True,
         aliases=("hvd",),
     ),
-    Strategy(
+    StrategySpec(
         name="distributed-ps-apex",
         paper_name="Distributed Parameter Server + Apex (mixed precision)",
-        mechanism="ddp",
+        implementation="train.strategies.ddp:DDPStrategy",
         launch="one-per-device",
         mixed_precision=True,
         max_nodes=None,
-        template="srun.sbatch.j2",
         local_launcher="torchrun",
         aliases=("ddp-apex", "dps-apex", "ddp-amp"),
     ),
-    Strategy(
+    StrategySpec(
         name="horovod-apex",
         paper_name="Horovod + Apex (mixed precision)",
-        mechanism="horovod",
+        implementation="train.strategies.horovod:HorovodStrategy",
         launch="one-per-device",
         mixed_precision=True,
         max_nodes=None,
-        template="horovod.sbatch.j2",
         local_launcher="horovodrun",
+        needs_horovod=True,
         aliases=("hvd-apex", "horovod-amp"),
     ),
 )
@@ -140,16 +151,45 @@ STRATEGIES: tuple[Strategy, ...] = (
 BASELINE = STRATEGIES[0]
 assert BASELINE.name == "single-gpu"
 
-_BY_NAME = {s.name: s for s in STRATEGIES} | {a: s for s in STRATEGIES for a in s.aliases}
-NAMES = tuple(s.name for s in STRATEGIES)
+_BY_NAME: dict[str, StrategySpec] = {}
+NAMES: tuple[str, ...] = ()
 
 
-def get(name: str) -> Strategy:
+def _index() -> None:
+    global _BY_NAME, NAMES
+    _BY_NAME = {s.name: s for s in STRATEGIES} | {a: s for s in STRATEGIES for a in s.aliases}
+    NAMES = tuple(s.name for s in STRATEGIES)
+
+
+_index()
+
+
+def alias_hint() -> str:
+    """'dp, ddp, ...': every alias, for help texts and errors."""
+    return ", ".join(a for s in STRATEGIES for a in s.aliases)
+
+
+def get(name: str) -> StrategySpec:
     """The strategy called `name` (or one of its aliases); a UsageError naming the choices."""
     try:
         return _BY_NAME[str(name).strip().lower()]
     except KeyError:
         raise UsageError(
             f"unknown strategy {name!r}{did_you_mean(name, _BY_NAME)}; "
-            f"valid: {', '.join(NAMES)} (aliases: dp, ddp, ddp-apex)"
+            f"valid: {', '.join(NAMES)} (aliases: {alias_hint()})"
         ) from None
+
+
+@contextlib.contextmanager
+def registered(*specs: StrategySpec) -> Iterator[None]:
+    """The registry with `specs` added, for the duration of a `with` block (tests, and a
+    site that wants to try a strategy of its own before adding it here)."""
+    global STRATEGIES
+    saved = STRATEGIES
+    STRATEGIES = saved + specs
+    _index()
+    try:
+        yield
+    finally:
+        STRATEGIES = saved
+        _index()

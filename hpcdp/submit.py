@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from hpcdp import slurm
 from hpcdp.errors import UsageError
 
 if TYPE_CHECKING:  # jinja2 is not needed by `hpcdp status`
@@ -80,7 +81,7 @@ def submit_job(job: RenderedJob, cluster: str, experiment: str) -> dict:
         "cluster": cluster,
         "run_dir": str(job.run_dir),
         "script": str(job.script_path),
-        "log": str(job.run_dir / f"slurm-{submitted.job_id}.out"),
+        "log": str(job.run_dir / slurm.job_log_name(str(submitted.job_id))),
         "submitted_at": time.time(),
     }
     (job.run_dir / "submission.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -28,7 +28,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="python -m train",
-        description="GPT-2 pre-training with one of six data-parallel strategies. "
+        description=f"GPT-2 pre-training with one of {len(strategies.NAMES)} data-parallel "
+                    "strategies. "
                     "Commands: run (default), prepare.",
     )
     sub = parser.add_subparsers(dest="command", metavar="{run,prepare}",

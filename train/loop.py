@@ -1,4 +1,4 @@
-"""The one training loop of all six strategies: `run` sets up, `train_step` is one optimizer step.
+"""The one training loop of every strategy: `run` -> `setup` -> `fit` -> `train_step`.
 
 A strategy only wraps (process group, model, optimizer, gradient sync) and precision is a field
 (autocast + a scaler that is a no-op when off): nothing here asks which strategy runs.
@@ -7,6 +7,7 @@ A strategy only wraps (process group, model, optimizer, gradient sync) and preci
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import math
@@ -115,14 +116,6 @@ def make_optimizer(model: torch.nn.Module, exp: Experiment, device: torch.device
         return torch.optim.AdamW(groups, lr=exp.train.lr)
 
 
-def _threads(env: distenv.DistEnv) -> int:
-    # An explicit OMP_NUM_THREADS (torchrun sets 1, a user may set more) wins.
-    raw = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if raw.isdigit() and int(raw) > 0:
-        return int(raw)
-    return distenv.threads_per_process(env)
-
-
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -170,24 +163,83 @@ def run(exp: Experiment, strategy_name: str, out_dir: str | Path, resume: bool =
     spec = registry.get(strategy_name)
     env = distenv.detect()
     distenv.check_world(env, expect_world, expect_tasks_per_node)
-    torch.set_num_threads(_threads(env))
-    strategy = create(spec.name, log=log if env.rank == 0 else _quiet)
+    torch.set_num_threads(distenv.threads_per_process(env))
+    strategy = create(spec, log=log if env.rank == 0 else _quiet)
     strategy.setup(env, exp.train.dist_timeout_s)
     try:
-        return _train(exp, spec, env, strategy, Path(out_dir), resume,
-                      log if strategy.is_main else _quiet)
+        log = log if strategy.is_main else _quiet
+        training = setup(exp, spec, strategy, Path(out_dir), resume, log)
+        metrics = MetricsWriter(training.out_dir / "metrics.jsonl" if strategy.is_main else None)
+        metrics.write("header", **header(training, env))
+        summary = fit(training, metrics, log)
+        metrics.write("summary", **summary)
+        metrics.close()
+        strategy.barrier()
+        return summary
     finally:
         strategy.teardown()
 
 
-def _train(exp: Experiment, spec: registry.Strategy, env: distenv.DistEnv, strategy: Strategy,
-           out_dir: Path, resume: bool, log: Callable[[str], None]) -> dict[str, Any]:
-    cfg = exp.train
-    device = strategy.device
+@dataclass
+class Training:
+    """Everything `fit` needs, built once by `setup`."""
+
+    exp: Experiment
+    spec: registry.StrategySpec
+    strategy: Strategy
+    out_dir: Path
+    data: Any
+    precision: Precision
+    raw_model: Any
+    """The GPT2LMHeadModel itself: what checkpoints hold and the replica check hashes."""
+    model: torch.nn.Module
+    """What the step calls: raw_model inside LanguageModel, maybe compiled, then wrapped."""
+    optimizer: torch.optim.Optimizer
+    batches: Batches
+    batch_size: int
+    """Sequences per process per micro-step (micro_batch_size x devices it drives)."""
+    start_step: int = 0
+    resumed_from: str | None = None
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.exp.train.grad_accum_steps * self.strategy.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.exp.train.seq_len
+
+    @functools.cached_property
+    def device_name(self) -> str:
+        return _device_name(self.strategy.device)
+
+    @functools.cached_property
+    def peak_flops_per_device(self) -> float | None:
+        """Known for GPUs (and wherever HPCDP_PEAK_FLOPS says): the MFU's denominator."""
+        if self.strategy.device.type != "cuda" and not os.environ.get("HPCDP_PEAK_FLOPS"):
+            return None
+        return peak_flops(self.device_name, self.precision.name)
+
+    def save(self, step: int, metrics: MetricsWriter) -> None:
+        if not self.strategy.is_main:
+            return
+        path = checkpoint.save(self.out_dir, step, {
+            "model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "precision": self.precision.state_dict(), "step": step,
+            "data": self.batches.state_dict(), "rng": checkpoint.rng_state(),
+            "config": as_dict(self.exp), "strategy": self.spec.name,
+            "world_size": self.strategy.world_size,
+        })
+        metrics.write("checkpoint", step=step, path=str(path))
+
+
+def setup(exp: Experiment, spec: registry.StrategySpec, strategy: Strategy, out_dir: Path,
+          resume: bool, log: Callable[[str], None]) -> Training:
+    """Data, model, optimizer, precision and batches; resumed from a checkpoint if asked."""
+    cfg, device = exp.train, strategy.device
     data = open_data(exp)
     precision = make_precision(spec.mixed_precision, cfg.amp_dtype, cfg.amp_backend, device.type,
                                cfg.apex_opt_level)
-
     # Same seed on every rank: identical initial weights (DDP and Horovod broadcast anyway).
     torch.manual_seed(cfg.seed)
     raw_model = build_model(exp.model.preset, data.vocab_size, cfg.seq_len, exp.model.dropout,
@@ -197,114 +249,94 @@ def _train(exp: Experiment, spec: registry.Strategy, env: distenv.DistEnv, strat
     model, optimizer = precision.initialize(model, optimizer)
     # After initialisation each rank draws its own dropout masks.
     torch.manual_seed(cfg.seed + 1 + strategy.rank)
-
-    batch_size = cfg.micro_batch_size * strategy.devices_per_process  # per process, per micro
+    batch_size = cfg.micro_batch_size * strategy.devices_per_process
     batches = Batches(data, "train", cfg.seq_len, batch_size, strategy.rank,
                       strategy.world_size, cfg.seed)
-
-    start_step, resumed_from = 0, None
+    training = Training(exp=exp, spec=spec, strategy=strategy, out_dir=out_dir, data=data,
+                        precision=precision, raw_model=raw_model, model=model,
+                        optimizer=optimizer, batches=batches, batch_size=batch_size)
     if resume:
-        # Rank 0 picks the checkpoint, so every rank loads the same one (shared file system).
-        newest = checkpoint.latest(out_dir) if strategy.is_main else None
-        found = strategy.broadcast_object(str(newest) if newest else None,
-                                         name="resume_checkpoint")
-        if found is None:
-            log(f"train: --resume: no checkpoint in {checkpoint.checkpoint_dir(out_dir)}, "
-                "starting fresh")
-        else:
-            state = checkpoint.load(Path(found))
-            _check_compatible(state["config"], exp, found)
-            raw_model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            precision.load_state_dict(state["precision"])
-            batches.load_state_dict(state["data"])
-            start_step, resumed_from = state["step"], found
-            if strategy.is_main:
-                checkpoint.set_rng_state(state["rng"])  # rank 0's; other ranks re-seed
-            else:
-                torch.manual_seed(cfg.seed + 1 + strategy.rank + 7919 * start_step)
-            log(f"train: resumed from {found} at step {start_step}")
-
+        _resume(training, log)
     if cfg.compile:
-        model = torch.compile(model)
-    model, optimizer = strategy.wrap(model, optimizer, cfg.grad_accum_steps)
-    model.train()
+        training.model = torch.compile(training.model)
+    training.model, training.optimizer = strategy.wrap(training.model, training.optimizer,
+                                                       cfg.grad_accum_steps)
+    training.model.train()
+    return training
 
-    global_batch = batch_size * cfg.grad_accum_steps * strategy.world_size
-    tokens_per_step = global_batch * cfg.seq_len
-    fpt = flops_per_token(raw_model, cfg.seq_len)
-    device_name = _device_name(device)
-    peak = peak_flops(device_name, precision.name) if device.type == "cuda" or os.environ.get(
-        "HPCDP_PEAK_FLOPS") else None
-    n_devices = strategy.world_size * strategy.devices_per_process
 
-    metrics = MetricsWriter(out_dir / "metrics.jsonl" if strategy.is_main else None)
-    metrics.write(
-        "header", strategy=spec.name, mechanism=spec.mechanism, paper_name=spec.paper_name,
-        precision=precision.name, amp_backend=precision.backend if precision.name != "fp32"
-        else None, world_size=strategy.world_size, nodes=env.num_nodes,
-        tasks_per_node=env.local_world_size, device=device.type, device_name=device_name,
-        devices_per_process=strategy.devices_per_process, model_preset=exp.model.preset,
-        n_params=count_params(raw_model), seq_len=cfg.seq_len,
+def _resume(t: Training, log: Callable[[str], None]) -> None:
+    """Continue from the newest checkpoint in the run folder, if there is one."""
+    # Rank 0 picks the checkpoint, so every rank loads the same one (shared file system).
+    newest = checkpoint.latest(t.out_dir) if t.strategy.is_main else None
+    found = t.strategy.broadcast_object(str(newest) if newest else None,
+                                        name="resume_checkpoint")
+    if found is None:
+        log(f"train: --resume: no checkpoint in {checkpoint.checkpoint_dir(t.out_dir)}, "
+            "starting fresh")
+        return
+    state = checkpoint.load(Path(found))
+    _check_compatible(state["config"], t.exp, found)
+    t.raw_model.load_state_dict(state["model"])
+    t.optimizer.load_state_dict(state["optimizer"])
+    t.precision.load_state_dict(state["precision"])
+    t.batches.load_state_dict(state["data"])
+    t.start_step, t.resumed_from = state["step"], found
+    if t.strategy.is_main:
+        checkpoint.set_rng_state(state["rng"])  # rank 0's; other ranks re-seed
+    else:
+        torch.manual_seed(t.exp.train.seed + 1 + t.strategy.rank + 7919 * t.start_step)
+    log(f"train: resumed from {found} at step {t.start_step}")
+
+
+def header(t: Training, env: distenv.DistEnv) -> dict[str, Any]:
+    """The metrics header: what ran, where, with which settings (docs/metrics.md)."""
+    cfg, strategy, precision, spec = t.exp.train, t.strategy, t.precision, t.spec
+    return dict(
+        strategy=spec.name, mechanism=spec.mechanism, paper_name=spec.paper_name,
+        precision=precision.name,
+        amp_backend=precision.backend if precision.name != "fp32" else None,
+        world_size=strategy.world_size, nodes=env.num_nodes,
+        tasks_per_node=env.local_world_size, device=strategy.device.type,
+        device_name=t.device_name,
+        devices_per_process=strategy.devices_per_process, model_preset=t.exp.model.preset,
+        n_params=count_params(t.raw_model), seq_len=cfg.seq_len,
         micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps,
-        global_batch_size=global_batch, tokens_per_step=tokens_per_step, flops_per_token=fpt,
-        peak_flops_per_device=peak, start_step=start_step, resumed_from=resumed_from,
-        slurm_job_id=env.job_id, restart_count=env.restart_count, hostname=socket.gethostname(),
-        experiment=exp.name, config=as_dict(exp), versions=_versions(),
+        global_batch_size=t.global_batch, tokens_per_step=t.tokens_per_step,
+        flops_per_token=flops_per_token(t.raw_model, cfg.seq_len),
+        peak_flops_per_device=t.peak_flops_per_device,
+        start_step=t.start_step, resumed_from=t.resumed_from, slurm_job_id=env.job_id,
+        restart_count=env.restart_count, hostname=socket.gethostname(),
+        experiment=t.exp.name, config=as_dict(t.exp), versions=_versions(),
         threads_per_process=torch.get_num_threads(), launcher=env.launcher,
         communication=strategy.communication,
     )
-    log(f"train: {spec.name} ({strategy.describe()}), precision {precision.name}, "
-        f"world {strategy.world_size}, global batch {global_batch} x {cfg.seq_len} tokens, "
-        f"{count_params(raw_model) / 1e6:.2f}M parameters, steps {start_step + 1}..{cfg.steps}")
 
-    def save(step: int) -> None:
-        if strategy.is_main:
-            path = checkpoint.save(out_dir, step, {
-                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                "precision": precision.state_dict(), "step": step,
-                "data": batches.state_dict(), "rng": checkpoint.rng_state(),
-                "config": as_dict(exp), "strategy": spec.name,
-                "world_size": strategy.world_size,
-            })
-            metrics.write("checkpoint", step=step, path=str(path))
 
-    stop = StopSignal()
-    fault = faults.from_environment()
-    segment_start = time.perf_counter()
-    step_times: list[float] = []
-    last_loss: float | None = None
-    last_val: float | None = None
-    step = start_step
-    interrupted = False
+def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None]) -> dict[str, Any]:
+    """The loop: step, log, evaluate, checkpoint, stop on a signal. Returns the summary."""
+    cfg, strategy, device = t.exp.train, t.strategy, t.strategy.device
+    log(f"train: {t.spec.name} ({strategy.describe()}), precision {t.precision.name}, "
+        f"world {strategy.world_size}, global batch {t.global_batch} x {cfg.seq_len} tokens, "
+        f"{count_params(t.raw_model) / 1e6:.2f}M parameters, steps {t.start_step + 1}..{cfg.steps}")
+    throughput = Throughput(t, metrics)
+    stop, fault = StopSignal(), faults.from_environment()
+    step, last_loss, last_val = t.start_step, None, None
     while step < cfg.steps:
         t0 = time.perf_counter()
         lr = lr_at(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps,
                    total_steps=cfg.steps)
-        result = train_step(model, optimizer, batches, strategy, precision,
+        result = train_step(t.model, t.optimizer, t.batches, strategy, t.precision,
                             accum_steps=cfg.grad_accum_steps, grad_clip=cfg.grad_clip, lr=lr)
         _sync(device)
-        dt = time.perf_counter() - t0
         step += 1
-        step_times.append(dt)
-
+        throughput.step_done(time.perf_counter() - t0)
         if step % cfg.log_interval == 0 or step == cfg.steps:
             last_loss = strategy.mean(result.loss).item()
-            tokens_per_s = tokens_per_step / dt
-            mfu = fpt * tokens_per_s / (peak * n_devices) if peak else None
-            metrics.write(
-                "step", step=step, loss=last_loss, lr=lr, grad_norm=result.grad_norm.item(),
-                loss_scale=precision.loss_scale(), skipped=result.skipped, step_time_s=dt,
-                tokens_per_s=tokens_per_s, tokens_seen=step * tokens_per_step,
-                elapsed_s=time.perf_counter() - segment_start,
-                max_mem_gb=(torch.cuda.max_memory_allocated(device) / 1e9
-                            if device.type == "cuda" else None),
-                mfu=mfu,
-            )
-            log(step_line(step, cfg.steps, last_loss, lr, tokens_per_s, dt, spec.name,
-                          strategy.world_size))
+            line = throughput.record(step, result, lr, last_loss)
+            log(line)
         if step == cfg.steps or (cfg.eval_interval and step % cfg.eval_interval == 0):
-            last_val = evaluate(model, data, exp, strategy, precision, batch_size)
+            last_val = evaluate(t.model, t.data, t.exp, strategy, t.precision, t.batch_size)
             metrics.write("eval", step=step, val_loss=last_val)
             log(f"train: step {step} val_loss {last_val:.4f}")
         if fault:
@@ -312,32 +344,59 @@ def _train(exp: Experiment, spec: registry.Strategy, env: distenv.DistEnv, strat
         stopping = step < cfg.steps and stop.agreed(strategy, device)
         if (step == cfg.steps or stopping
                 or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)):
-            save(step)
+            t.save(step, metrics)
         if stopping:
             log(f"train: {stop.name} received: stopped after step {step} with a checkpoint; "
                 "run again with --resume to continue")
-            interrupted = True
             break
     stop.restore()
-
-    if step == start_step:
+    if step == t.start_step:
         log(f"train: nothing to do, the run already reached step {cfg.steps}")
-    digest, identical = replica_check(raw_model, strategy, device)
+    digest, identical = replica_check(t.raw_model, strategy, device)
     if not identical:
         log("train: WARNING: model replicas differ across ranks at the end")
-    timed = step_times[cfg.warmup_log_steps:] or step_times
-    summary = {
-        "status": "interrupted" if interrupted else "completed", "steps": step,
-        "final_loss": last_loss, "final_val_loss": last_val,
-        "elapsed_s": time.perf_counter() - segment_start,
-        "tokens_per_s_median": tokens_per_step / statistics.median(timed) if timed else None,
-        "step_time_s_median": statistics.median(timed) if timed else None,
-        "params_sha256": digest, "replicas_identical": identical,
-    }
-    metrics.write("summary", **summary)
-    metrics.close()
-    strategy.barrier()
-    return summary
+    return {"status": "completed" if step >= cfg.steps else "interrupted", "steps": step,
+            "final_loss": last_loss, "final_val_loss": last_val,
+            **throughput.summary(), "params_sha256": digest, "replicas_identical": identical}
+
+
+class Throughput:
+    """Step times of this segment: the per-step metrics record and the summary's medians."""
+
+    def __init__(self, t: Training, metrics: MetricsWriter) -> None:
+        self.t, self.metrics = t, metrics
+        self.start = time.perf_counter()
+        self.times: list[float] = []
+        self.flops_per_token = flops_per_token(t.raw_model, t.exp.train.seq_len)
+        self.peak = t.peak_flops_per_device
+        self.devices = t.strategy.world_size * t.strategy.devices_per_process
+
+    def step_done(self, seconds: float) -> None:
+        self.times.append(seconds)
+
+    def record(self, step: int, result: StepResult, lr: float, loss: float) -> str:
+        """Write the step record; returns the human line."""
+        t, dt, device = self.t, self.times[-1], self.t.strategy.device
+        tokens_per_s = t.tokens_per_step / dt
+        self.metrics.write(
+            "step", step=step, loss=loss, lr=lr, grad_norm=result.grad_norm.item(),
+            loss_scale=t.precision.loss_scale(), skipped=result.skipped, step_time_s=dt,
+            tokens_per_s=tokens_per_s, tokens_seen=step * t.tokens_per_step,
+            elapsed_s=time.perf_counter() - self.start,
+            max_mem_gb=(torch.cuda.max_memory_allocated(device) / 1e9
+                        if device.type == "cuda" else None),
+            mfu=(self.flops_per_token * tokens_per_s / (self.peak * self.devices)
+                 if self.peak else None),
+        )
+        return step_line(step, t.exp.train.steps, loss, lr, tokens_per_s, dt, t.spec.name,
+                         t.strategy.world_size)
+
+    def summary(self) -> dict[str, Any]:
+        timed = self.times[self.t.exp.train.warmup_log_steps:] or self.times
+        median = statistics.median(timed) if timed else None
+        return {"elapsed_s": time.perf_counter() - self.start,
+                "tokens_per_s_median": self.t.tokens_per_step / median if median else None,
+                "step_time_s_median": median}
 
 
 def replica_check(model: torch.nn.Module, strategy: Strategy,

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcdp import slurm
 from hpcdp.errors import UsageError
 
 METRICS = "metrics.jsonl"
@@ -333,7 +334,7 @@ def scan_slurm_logs(run_dir: Path, job_ids: list[str] | None = None) -> SlurmLog
     scan = SlurmLogScan()
     logs = sorted(run_dir.glob("slurm-*.out"))
     if job_ids:
-        mine = [p for p in logs if any(p.name == f"slurm-{j}.out" for j in job_ids)]
+        mine = [p for p in logs if any(p.name == slurm.job_log_name(j) for j in job_ids)]
         logs = mine or logs
     for log_path in logs:
         scan.files.append(log_path.name)

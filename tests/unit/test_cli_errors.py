@@ -60,6 +60,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, expecte
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr
+    assert lines[0].startswith("hpcdp: error: ") and not lines[0].startswith(
+        "hpcdp: error: hpcdp"), "the CLI's name once"
     for fragment in expected:
         assert fragment in lines[0], (fragment, lines[0])
     assert list(tmp_path.iterdir()) == [], "nothing may be written on bad input"

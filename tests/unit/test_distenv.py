@@ -459,14 +459,19 @@ def test_requeued_job_counts_restarts() -> None:
 def test_cpus_per_task_sets_threads() -> None:
     env = detect(CPT2_1)
     assert env.cpus_per_task == 2
-    assert threads_per_process(env) == 2
+    assert threads_per_process(env, CPT2_1) == 2
 
 
 def test_threads_without_cpus_per_task_share_the_node() -> None:
     env = detect(N1X4_2)
-    assert threads_per_process(env) == max(1, (os.cpu_count() or 1) // 4)
+    assert threads_per_process(env, N1X4_2) == max(1, (os.cpu_count() or 1) // 4)
     crowded = dataclasses.replace(env, local_world_size=10_000, tasks_per_node=(10_000,))
-    assert threads_per_process(crowded) == 1
+    assert threads_per_process(crowded, N1X4_2) == 1
+
+
+def test_an_explicit_omp_num_threads_wins() -> None:
+    assert threads_per_process(detect(CPT2_1), {**CPT2_1, "OMP_NUM_THREADS": "3"}) == 3
+    assert threads_per_process(detect(CPT2_1), {**CPT2_1, "OMP_NUM_THREADS": "x"}) == 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -650,13 +655,18 @@ def test_network_interface_profile_wins_over_nccl_variable() -> None:
     assert "NCCL_SOCKET_IFNAME" not in detect(N2X4_5).torch_env()
 
 
-def test_nccl_exclusion_list_is_not_given_to_gloo() -> None:
-    # NCCL's "^lo,docker" means "anything but"; Gloo only takes names, so it is left alone.
+def test_nccl_exclusion_list_becomes_an_interface_gloo_can_read() -> None:
+    # NCCL's "^lo,docker" means "anything but" (by prefix); Gloo only takes names, so each
+    # node resolves it to its first interface with an address that no entry prefixes.
     env = detect(with_changes(N2X4_5, HPCDP_NETWORK_INTERFACE="^lo,docker"))
+    assert env.gloo_interface(available=["lo", "docker0", "eth0", "ib0"]) == "eth0"
     assert env.torch_env()["NCCL_SOCKET_IFNAME"] == "^lo,docker"
-    assert "GLOO_SOCKET_IFNAME" not in env.torch_env()
+    with pytest.raises(DistEnvError, match=r"'\^lo,docker' leaves Gloo no interface.*lo, docker0"):
+        env.gloo_interface(available=["lo", "docker0"])
     exact = detect(with_changes(N2X4_5, HPCDP_NETWORK_INTERFACE="=eth0")).torch_env()
     assert (exact["NCCL_SOCKET_IFNAME"], exact["GLOO_SOCKET_IFNAME"]) == ("=eth0", "eth0")
+    chosen = detect(with_changes(N2X4_5, HPCDP_NETWORK_INTERFACE="^lo", GLOO_SOCKET_IFNAME="ib1"))
+    assert chosen.torch_env()["GLOO_SOCKET_IFNAME"] == "ib1"  # the user's own choice wins
 
 
 def test_master_port_range_and_determinism() -> None:

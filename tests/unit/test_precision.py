@@ -17,6 +17,7 @@ from train.data import Batches, open_data
 from train.loop import make_optimizer, train_step
 from train.model import LanguageModel, build_model
 from train.precision import Precision, make_precision, resolve_dtype
+from hpcdp import strategies
 from train.strategies import create
 
 
@@ -61,7 +62,7 @@ def test_apex_on_cpu_is_a_usage_error_pointing_at_native_amp() -> None:
 def _setup(precision: Precision, fused: bool):
     exp = load_experiment("smoke", {"data": {"corpus": "synthetic"},
                                     "train": {"micro_batch_size": 2, "seq_len": 32}})
-    strategy = create("single-gpu")
+    strategy = create(strategies.get("single-gpu"))
     strategy.setup(detect({}), 60)
     torch.manual_seed(0)
     raw = build_model("tiny", 256, 32)

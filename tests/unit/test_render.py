@@ -75,7 +75,7 @@ def test_directives_follow_the_profile(tmp_path):
 def test_cpu_profile_uses_cpu_ranks_per_node(tmp_path):
     text = _render("distributed-ps", 2, "local", tmp_path, cpu_ranks_per_node=2)
     assert "#SBATCH --ntasks-per-node=2" in text
-    assert "--expect-world 4 --expect-tasks-per-node 2" in text
+    assert "    --expect-world 4\n    --expect-tasks-per-node 2\n" in text
     assert "--gres" not in text and "--gpus-per-node" not in text
 
 
@@ -152,3 +152,16 @@ def test_extra_sbatch_values_with_spaces_are_quoted_as_sbatch_reads_them():
     profile = config.load_profile("local", {"extra_sbatch": ["--comment=a b", "--exclusive"]})
     lines = render.sbatch_directives(profile, strategies.get("ddp"), 2, "x")
     assert '--comment="a b"' in lines and "--exclusive" in lines
+
+
+def test_an_exclusion_list_interface_is_not_handed_to_gloo(tmp_path):
+    """NCCL reads `^docker0,lo`; Gloo reads interface names only and broke on it. The script
+    exports it for NCCL, and train/ resolves Gloo's interface on each node."""
+    text = _render("distributed-ps", 2, "local", tmp_path, network_interface="^docker0,lo")
+    assert "export NCCL_SOCKET_IFNAME='^docker0,lo'" in text
+    assert "GLOO_SOCKET_IFNAME" not in text
+    plain = _render("distributed-ps", 2, "local", tmp_path, network_interface="=eth0")
+    assert "export GLOO_SOCKET_IFNAME=eth0" in plain
+    mine = _render("distributed-ps", 2, "local", tmp_path, network_interface="^lo",
+                   env={"GLOO_SOCKET_IFNAME": "ib1"})
+    assert "export GLOO_SOCKET_IFNAME=ib1" in mine  # the profile's own value wins

@@ -1,20 +1,24 @@
-"""One small class per mechanism; the only place that maps a mechanism to its class.
+"""The runtime side of a strategy: one small class per implementation (the registry in
+hpcdp/strategies.py names it).
 
 A strategy owns the processes and devices: it sets up communication (`setup`), wraps the model
 and optimizer (`wrap`), silences gradient sync on accumulation micro-steps (`no_sync`), averages
 logged numbers over ranks (`mean`), and orders Horovod's synchronize around the GradScaler
 (`prepare_unscale`, `optimizer_step_context`). The loop only calls these; it never asks which
-strategy it runs. A new mechanism is one file here plus one line in `_CLASSES`.
+strategy it runs. A new strategy is one file here plus one entry in hpcdp/strategies.py, whose
+`implementation` names the class ("train.strategies.NAME:Class").
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hpcdp import strategies as registry
+from hpcdp.errors import UsageError
 
 if TYPE_CHECKING:
     from hpcdp.distenv import DistEnv
@@ -77,33 +81,22 @@ class Strategy:
         return f"rank {self.rank}/{self.world_size} on {self.device}"
 
 
-def _classes() -> dict[str, type[Strategy]]:
-    from train.strategies.data_parallel import DataParallelStrategy
-    from train.strategies.ddp import DDPStrategy
-    from train.strategies.horovod import HorovodStrategy
-    from train.strategies.single import SingleStrategy
-
-    return {
-        "single": SingleStrategy,
-        "data_parallel": DataParallelStrategy,
-        "ddp": DDPStrategy,
-        "horovod": HorovodStrategy,
-    }
+def create(spec: registry.StrategySpec, log: Any = print) -> Strategy:
+    """The runtime object of a registry record: its `implementation` ("module:Class")."""
+    module, _, name = spec.implementation.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise UsageError(f"strategy {spec.name!r}: {spec.implementation} is not a "
+                         "train.strategies.Strategy subclass")
+    return cls(log=log)
 
 
-def create(name: str, log: Any = print) -> Strategy:
-    """The strategy object for a registry name or alias (raises UsageError when unknown)."""
-    return _classes()[registry.get(name).mechanism](log=log)
-
-
-def device_for(local_rank: int) -> torch.device:
-    """The device a process drives: cuda:(local_rank % visible GPUs), else the CPU.
-
-    Modulo, because under `--gpus-per-task=1` (or `--gpu-bind`) every task sees one GPU, index 0
-    (hpcdp.distenv.DistEnv.device_index says the same for the CLI's preflight)."""
+def device_for(env: DistEnv) -> torch.device:
+    """The device a process drives: cuda:(env.device_index of the visible GPUs), else the CPU
+    (the same rule `hpcdp env` shows)."""
     n_gpus = torch.cuda.device_count()
     if not n_gpus:
         return torch.device("cpu")
-    index = local_rank % n_gpus
+    index = env.device_index(n_gpus)
     torch.cuda.set_device(index)
     return torch.device("cuda", index)

@@ -20,7 +20,7 @@ from train.strategies import Strategy, device_for
 
 class DDPStrategy(Strategy):
     def setup(self, env, timeout_s: int) -> None:
-        self.device = device_for(env.local_rank)
+        self.device = device_for(env)
         # A master that is not rank 0's node would make every rank wait for the timeout.
         distenv.check_master_is_rank0_node(env, socket.gethostname())
         os.environ.update(env.torch_env())

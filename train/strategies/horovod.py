@@ -44,7 +44,7 @@ class HorovodStrategy(Strategy):
         hvd.init()
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.communication = "horovod-mpi" if hvd.mpi_enabled() else "horovod-gloo"
-        self.device = device_for(hvd.local_rank())
+        self.device = device_for(env)  # env.local_rank is hvd.local_rank() under srun
 
     def wrap(self, model, optimizer, accum_steps: int = 1):
         hvd = self.hvd
@@ -128,26 +128,20 @@ def gloo_rendezvous(env, timeout_s: int) -> Any:
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(env.master_port),
         "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
     })
-    iface = env.network_interface
-    if iface and not iface.startswith("^") and "," not in iface:
-        os.environ.setdefault("HOROVOD_GLOO_IFACE", iface.lstrip("="))
+    iface = env.gloo_interface()
+    if iface and "," not in iface:  # Horovod's Gloo takes one interface
+        os.environ.setdefault("HOROVOD_GLOO_IFACE", iface)
     if env.rank != 0:
         _wait_for(env.master_addr, env.master_port, timeout_s)
         return None
     server = RendezvousHTTPServer(("", env.master_port), RendezvousHandler, 0)
     # The plan gives the size of each scope (global, local_HOST, cross_LOCALRANK), which the
     # server needs to know when every rank has finished with it.
-    layout = list(env.tasks_per_node) or [env.local_world_size] * env.num_nodes
-    plan, rank = [], 0
-    for node, count in enumerate(layout):
-        for local_rank in range(count):
-            holders = [n for n, c in enumerate(layout) if c > local_rank]
-            plan.append(SlotInfo(hostname=slot_hostname(env, node), rank=rank,
-                                 local_rank=local_rank, cross_rank=holders.index(node),
-                                 size=env.world_size, local_size=count,
-                                 cross_size=len(holders)))
-            rank += 1
-    server.init(plan)
+    server.init([SlotInfo(hostname=slot_hostname(env, s["node_rank"]), rank=s["rank"],
+                          local_rank=s["local_rank"], cross_rank=s["cross_rank"],
+                          size=env.world_size, local_size=s["local_size"],
+                          cross_size=s["cross_size"])
+                 for s in distenv.horovod_slots(env.layout())])
     threading.Thread(target=server.serve_forever, name="horovod-rendezvous",
                      daemon=True).start()
     return server

@@ -7,4 +7,4 @@ from train.strategies import Strategy, device_for
 
 class SingleStrategy(Strategy):
     def setup(self, env, timeout_s: int) -> None:
-        self.device = device_for(env.local_rank)
+        self.device = device_for(env)
