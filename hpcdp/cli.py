@@ -14,7 +14,14 @@ import time
 from pathlib import Path
 
 from hpcdp import __version__, config, strategies
-from hpcdp.errors import CLI_NAME, ArgumentParser, UsageError, one_line, positive_float, positive_int
+from hpcdp.errors import (
+    CLI_NAME,
+    ArgumentParser,
+    UsageError,
+    one_line,
+    positive_float,
+    positive_int,
+)
 
 DEFAULT_CLUSTER = "local"
 DEFAULT_EXPERIMENT = "smoke"
@@ -27,7 +34,8 @@ def _add_selection(parser: argparse.ArgumentParser, strategy_required: bool = Fa
     parser.add_argument("--experiment", "-e", default=DEFAULT_EXPERIMENT,
                         help="experiment: a shipped name (smoke, paper) or a YAML path")
     parser.add_argument("--strategy", "-s", required=strategy_required,
-                        help=f"one of {', '.join(strategies.NAMES)} (or {strategies.alias_hint()}); "
+                        help=f"one of {', '.join(strategies.NAMES)} "
+                             f"(or {strategies.alias_hint()}); "
                              "without it: the experiment's whole matrix")
     parser.add_argument("--nodes", "-N", type=int,
                         help="node count (with --strategy; default 1)")

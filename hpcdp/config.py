@@ -20,8 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
-from hpcdp import PROFILES_DIR, EXPERIMENTS_DIR
-from hpcdp import strategies
+from hpcdp import EXPERIMENTS_DIR, PROFILES_DIR, strategies
 from hpcdp.errors import UsageError, did_you_mean, one_line
 
 # --------------------------------------------------------------------------------------------
@@ -100,7 +99,8 @@ class ClusterProfile:
         for key in self.env:
             _check(key, "cluster.env key", _ENV_RE, "a shell variable name")
         if self.srun_mpi and not _NAME_RE.fullmatch(self.srun_mpi):
-            raise UsageError(f"cluster.srun_mpi {self.srun_mpi!r}: expected a plugin name like pmix")
+            raise UsageError(
+                f"cluster.srun_mpi {self.srun_mpi!r}: expected a plugin name like pmix")
 
     def time_limit_s(self) -> int:
         """cluster.time_limit in seconds (Slurm's forms; a lone number is minutes)."""
@@ -231,7 +231,8 @@ class TrainConfig:
             _at_least(f"train.{name}", getattr(self, name), 0)
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise UsageError(
-                f"train.lr {self.lr!r} / train.min_lr {self.min_lr!r}: need 0 <= min_lr <= lr, lr > 0"
+                f"train.lr {self.lr!r} / train.min_lr {self.min_lr!r}: "
+                "need 0 <= min_lr <= lr, lr > 0"
             )
         if self.grad_clip < 0:
             raise UsageError(f"train.grad_clip {self.grad_clip!r} must be >= 0 (0 disables it)")

@@ -4,7 +4,6 @@ import argparse
 import difflib
 from collections.abc import Iterable
 
-
 CLI_NAME = "hpcdp"
 
 

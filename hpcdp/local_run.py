@@ -17,12 +17,12 @@ from hpcdp.errors import UsageError
 from hpcdp.render import train_arguments
 from hpcdp.strategies import StrategySpec
 
-
 # horovodrun on one machine: Gloo needs no MPI set-up and no ssh.
 HOROVOD_CONTROLLER = "gloo"
 
 
-def launch_command(strategy: StrategySpec, ranks: int, python: str, train_args: list[str]) -> list[str]:
+def launch_command(strategy: StrategySpec, ranks: int, python: str,
+                   train_args: list[str]) -> list[str]:
     train = [python, "-m", "train", *train_args]
     if strategy.local_launcher == "python":
         return train

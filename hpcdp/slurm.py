@@ -11,17 +11,15 @@ Why two commands (docs/harvest.md, "Job states"):
   exits. A requeue shows only with --duplicates: REQUEUED, then the rerun.
 - Lag rule: a job that squeue no longer shows while sacct still says RUNNING/PENDING (or any
   other non-final state) has ended and its final record is on the way: it is reported as
-  "ENDING" (provisional). Only sacct's later answer is final; `wait_for_final` polls for it.
+  "ENDING" (provisional). Only sacct's later answer is final.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 # States after which a job will not run again (unless someone requeues it by hand).
@@ -85,9 +83,6 @@ class JobInfo:
         return f"{self.state} ({self.reason})" if self.reason and self.state == "PENDING" \
             else self.state
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 class JobTable(dict):
     """`query_jobs`' answer: job id -> JobInfo, plus whether accounting could be asked.
@@ -98,10 +93,6 @@ class JobTable(dict):
 
     accounting_available: bool | None = None
     accounting_message: str = ""
-
-
-# The last thing sacct told us about itself, for accounting_status().
-_accounting: tuple[bool, str] | None = None
 
 
 def normalize_state(raw: str) -> str:
@@ -260,7 +251,6 @@ def squeue(job_ids: list[str], env: Mapping[str, str] | None = None
 def sacct(job_ids: list[str], env: Mapping[str, str] | None = None
           ) -> tuple[dict[str, JobInfo], bool, str]:
     """Accounting records of `job_ids` (one call): (jobs, accounting available, why not)."""
-    global _accounting
     if not job_ids:
         return {}, True, ""
     rc, out, err = _run([
@@ -269,9 +259,7 @@ def sacct(job_ids: list[str], env: Mapping[str, str] | None = None
     ], env)
     if rc != 0:
         reason = _last_line(err) or f"sacct exited with {rc}"
-        _accounting = (False, reason)
         return {}, False, reason
-    _accounting = (True, "")
     wanted = set(job_ids)
     return {k: v for k, v in parse_sacct(out).items() if k in wanted}, True, ""
 
@@ -281,7 +269,7 @@ def query_jobs(job_ids: Iterable[str], env: Mapping[str, str] | None = None) -> 
 
     Ids neither command knows come back with state UNKNOWN (source "none"). Where sacct is
     unavailable (accounting disabled, an error, the command missing) the answer holds what
-    squeue knows and `.accounting_available` is False (see also accounting_status()).
+    squeue knows and `.accounting_available` is False.
     """
     ids = list(dict.fromkeys(str(j).strip() for j in job_ids if str(j).strip()))
     live, squeue_ok = squeue(ids, env)
@@ -310,44 +298,12 @@ def merge(ids: list[str], live: dict[str, JobInfo], squeue_ok: bool,
     return table
 
 
-def accounting_status(env: Mapping[str, str] | None = None) -> tuple[bool, str]:
-    """(True, "") when sacct answers; else (False, its reason, e.g. "Slurm accounting storage
-    is disabled"). Uses the last sacct call's outcome; asks sacct once when there was none."""
-    if _accounting is None:
-        sacct(["1"], env)
-    assert _accounting is not None
-    return _accounting
-
-
 def has_ended(info: JobInfo, accounting_available: bool | None) -> bool:
     """Whether to stop waiting for a job: sacct gave a final state, or (without accounting)
     squeue no longer shows it, so no final record will ever come."""
     if info.source == "sacct" and is_terminal(info.state):
         return True
     return info.source == "none" and accounting_available is False
-
-
-def wait_for_final(job_id: str, timeout_s: float, poll_s: float = 2.0,
-                   env: Mapping[str, str] | None = None) -> JobInfo:
-    """Poll until `job_id` has ended (see has_ended); return its last record.
-
-    Raises TimeoutError after timeout_s. Without accounting, the JobInfo that comes back once
-    squeue no longer shows the job has state UNKNOWN.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        table = query_jobs([job_id], env)
-        info = table[str(job_id)]
-        if has_ended(info, table.accounting_available):
-            return info
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"job {job_id} still {info.state} after {timeout_s:.0f} s")
-        time.sleep(poll_s)
-
-
-def slurm_env_from(conf: str | os.PathLike[str]) -> dict[str, str]:
-    """The current environment with SLURM_CONF pointing at `conf` (for env= arguments)."""
-    return {**os.environ, "SLURM_CONF": os.fspath(conf)}
 
 
 def partition_node_limit(partition: str | None, env: Mapping[str, str] | None = None

@@ -15,8 +15,9 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from hpcdp import slurm
 from hpcdp.errors import UsageError
@@ -25,8 +26,36 @@ if TYPE_CHECKING:  # jinja2 is not needed by `hpcdp status`
     from hpcdp.render import RenderedJob
 
 
+# The two submitit hooks hpcdp relies on. Neither is public, and submitit has no public call
+# that submits a given script text: `_make_submission_file_text` returns the sbatch text
+# (overridden to return hpcdp's rendered script), `_submit_command` writes it and runs sbatch.
+# Checked against the installed submitit before use; pyproject.toml pins the known-good range.
+SUBMITIT_HOOKS = {"_make_submission_file_text": ("self", "command", "uid"),
+                  "_submit_command": ("self", "command")}
+SUBMITIT_KNOWN_GOOD = ">=1.5,<1.6"
+
+
+def check_submitit_hooks(executor_cls: type) -> None:
+    """A one-line error, not a surprise mid-submission, when a submitit release changed the
+    hooks this adapter overrides and calls."""
+    import inspect
+
+    for name, params in SUBMITIT_HOOKS.items():
+        hook = getattr(executor_cls, name, None)
+        found = tuple(inspect.signature(hook).parameters) if callable(hook) else None
+        if found != params:
+            import submitit
+
+            raise UsageError(
+                f"submitit {submitit.__version__} changed {executor_cls.__name__}.{name} "
+                f"(expected parameters {params}, found {found}); hpcdp works "
+                f"with submitit{SUBMITIT_KNOWN_GOOD}: pip install 'submitit{SUBMITIT_KNOWN_GOOD}'")
+
+
 def _executor_class():
     import submitit  # imported here: submitit pulls in cloudpickle, not needed by `render`
+
+    check_submitit_hooks(submitit.SlurmExecutor)
 
     class RenderedScriptExecutor(submitit.SlurmExecutor):
         """A SlurmExecutor whose sbatch file is hpcdp's rendered script, verbatim."""

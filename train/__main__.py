@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(prep)
     run = sub.add_parser("run", help="train (every process of the job runs this)")
     _common(run)
-    run.add_argument("--strategy", required=True, metavar="S", help=f"one of: {', '.join(strategies.NAMES)}")
+    run.add_argument("--strategy", required=True, metavar="S",
+                     help=f"one of: {', '.join(strategies.NAMES)}")
     run.add_argument("--out", required=True, metavar="DIR",
                      help="run folder: metrics.jsonl and checkpoints/ go here")
     run.add_argument("--resume", action="store_true",

@@ -28,11 +28,11 @@ from hpcdp import strategies as registry
 from hpcdp.config import Experiment, as_dict
 from hpcdp.errors import UsageError
 from train import checkpoint, faults
-from train.stop import StopSignal
 from train.data import Batches, open_data
 from train.metrics import MetricsWriter, peak_flops, step_line
 from train.model import LanguageModel, build_model, count_params, flops_per_token
 from train.precision import Precision, make_precision
+from train.stop import StopSignal
 from train.strategies import Strategy, create
 
 

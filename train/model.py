@@ -14,20 +14,17 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hpcdp.config import MODEL_PRESETS, model_context
-from hpcdp.errors import UsageError
+
 
 def build_model(
     preset: str, vocab_size: int, seq_len: int, dropout: float = 0.0, attention: str = "sdpa"
 ) -> GPT2LMHeadModel:
-    """A randomly initialised GPT-2 (seed torch before calling for identical weights)."""
-    if preset not in MODEL_PRESETS:
-        raise UsageError(f"model.preset {preset!r} is unknown; valid: {', '.join(MODEL_PRESETS)}")
+    """A randomly initialised GPT-2 (seed torch before calling for identical weights).
+
+    The arguments come from a loaded Experiment, which already checked the preset and that
+    seq_len fits its context (hpcdp/config.py validates once)."""
     n_layer, n_embd, n_head, _ = MODEL_PRESETS[preset]
     n_positions = model_context(preset, seq_len)
-    if seq_len > n_positions:
-        raise UsageError(
-            f"train.seq_len {seq_len} exceeds the context {n_positions} of model.preset {preset!r}"
-        )
     config = GPT2Config(
         vocab_size=vocab_size,
         n_positions=n_positions,

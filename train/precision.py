@@ -27,9 +27,7 @@ def resolve_dtype(mixed: bool, amp_dtype: str, device_type: str) -> str:
     if amp_dtype == "auto":
         # fp16 is what the paper's V100s do fast; on CPU autocast is only fast in bf16.
         return "fp16" if device_type == "cuda" else "bf16"
-    if amp_dtype not in _DTYPES:
-        raise UsageError(f"train.amp_dtype {amp_dtype!r} is not valid; valid: auto, fp16, bf16")
-    return amp_dtype
+    return amp_dtype  # auto, fp16 or bf16: checked when the experiment loaded
 
 
 @dataclass
@@ -158,15 +156,11 @@ def _import_apex_amp(device_type: str) -> Any:
 
 def make_precision(mixed: bool, amp_dtype: str, amp_backend: str, device_type: str,
                    apex_opt_level: str = "O1") -> Precision:
-    """The precision of a run: strategy.mixed_precision + train.amp_dtype / amp_backend."""
+    """The precision of a run: strategy.mixed_precision + train.amp_dtype / amp_backend (their
+    values and combination were checked when the experiment loaded)."""
     name = resolve_dtype(mixed, amp_dtype, device_type)
     # Plain strategies train in fp32 whatever the back-end of mixed precision is (a matrix
     # may hold both kinds under one train.amp_backend).
     if amp_backend == "apex" and mixed:
-        if amp_dtype == "bf16":
-            raise UsageError("train.amp_backend 'apex' trains in fp16 only; "
-                             "use train.amp_dtype=fp16 (or auto), or amp_backend=native for bf16")
         return ApexPrecision("fp16", device_type, apex_opt_level)
-    if amp_backend not in ("native", "apex"):
-        raise UsageError(f"train.amp_backend {amp_backend!r} is not valid; valid: native, apex")
     return Precision(name, device_type)

@@ -97,7 +97,8 @@ class BPETokenizer:
 
 def train_bpe(documents: Iterable[str], vocab_size: int) -> BPETokenizer:
     """Train a byte-level BPE of exactly `vocab_size` tokens (<|endoftext|> included)."""
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -19,11 +19,26 @@ from pathlib import Path
 
 from hpcdp import slurm
 from hpcdp.errors import UsageError, did_you_mean, one_line
-from hpcdp.harvest.read import (MetricsLog, StepColumns, find_run_dirs, read_metrics,
-                                read_submission, scan_slurm_logs)
-from hpcdp.harvest.table import (RunResult, baseline_lines, fill_comparisons, render_csv, render_json,
-                                 render_markdown, render_table, short_name, state_from_log,
-                                 summarize_log)
+from hpcdp.harvest.read import (
+    MetricsLog,
+    StepColumns,
+    find_run_dirs,
+    read_metrics,
+    read_submission,
+    scan_slurm_logs,
+)
+from hpcdp.harvest.table import (
+    RunResult,
+    baseline_lines,
+    fill_comparisons,
+    render_csv,
+    render_json,
+    render_markdown,
+    render_table,
+    short_name,
+    state_from_log,
+    summarize_log,
+)
 
 __all__ = ["FORMATS", "Harvest", "RunResult", "add_arguments", "collect", "harvest", "main",
            "write_outputs"]

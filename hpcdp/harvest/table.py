@@ -167,7 +167,8 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         run_dir=str(run_dir), experiment=header.get("experiment"),
         strategy=header.get("strategy"), nodes=header.get("nodes"),
         world_size=header.get("world_size"), precision=header.get("precision"),
-        device=header.get("device"), communication=header.get("communication"), job_id=None, state="UNKNOWN", state_source="log",
+        device=header.get("device"), communication=header.get("communication"), job_id=None,
+        state="UNKNOWN", state_source="log",
         exit_code=None, steps=len(order), last_step=step_of[order[-1]] if order else None,
         planned_steps=planned if isinstance(planned, int) else None,
         segments=len(log.segments),
@@ -394,7 +395,8 @@ CSV_FIELDS = ["run_dir", "experiment", "strategy", "nodes", "world_size", "preci
               "communication", "job_id", "state", "state_source", "exit_code", "steps", "last_step",
               "planned_steps", "segments", "restarts", "corrupt_lines", "truncated",
               "tokens_per_s", "step_time_s", "steady_steps", "speedup", "scaling_efficiency",
-              "efficiency_vs_single", "baseline", "target_loss", "time_to_target_s", "step_to_target",
+              "efficiency_vs_single", "baseline", "target_loss", "time_to_target_s",
+              "step_to_target",
               "final_loss", "final_val_loss", "peak_mem_gb", "mfu", "max_rss", "notes"]
 
 

@@ -90,7 +90,8 @@ def test_mpi4py_over_pmix_spans_two_nodes(slurm_cluster: Path) -> None:
     program = (
         "import os, socket; from mpi4py import MPI; c = MPI.COMM_WORLD; "
         "print(c.Get_rank(), c.Get_size(), socket.gethostname(), "
-        "os.environ.get('OMPI_ALLOW_RUN_AS_ROOT'), os.environ.get('OMPI_ALLOW_RUN_AS_ROOT_CONFIRM'))"
+        "os.environ.get('OMPI_ALLOW_RUN_AS_ROOT'), "
+        "os.environ.get('OMPI_ALLOW_RUN_AS_ROOT_CONFIRM'))"
     )
     result = run(
         "srun", "--mpi=pmix", "-N2", "-n2", "--ntasks-per-node=1",

@@ -96,7 +96,7 @@ def _assert_two_ranks_averaged(result: subprocess.CompletedProcess[str], control
         r"rank=(\d) size=(\d) controller=(\w+) average=([0-9.]+)", result.stdout
     )
     assert sorted(rank for rank, *_ in ranks) == ["0", "1"], output
-    for rank, size, used_controller, average in ranks:
+    for _rank, size, used_controller, average in ranks:
         assert size == "2", output
         assert used_controller == controller, output
         assert float(average) == pytest.approx(1.5), output

@@ -88,7 +88,7 @@ def test_horovod_on_two_nodes_both_controllers_both_layouts(strategy, slurm_clus
 
 
 def step_losses(run_dir: Path) -> list[float]:
-    records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in records if r["kind"] == "step"]
 
 

@@ -16,7 +16,7 @@ FAST = ["--set", "train.steps=5", "--set", "train.eval_interval=0",
 
 
 def records(run_dir: Path) -> list[dict]:
-    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("strategy,world", [("single-gpu", 1), ("distributed-ps", 2)])
@@ -40,7 +40,8 @@ def test_hpcdp_run_refuses_more_than_one_node(tmp_path):
     result = subprocess.run([sys.executable, "-m", "hpcdp", "run", "--strategy", "ddp",
                              "--nodes", "2", "--out", str(tmp_path / "runs")],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "--nodes 2" in result.stderr and "hpcdp submit" in result.stderr
+    assert result.returncode == 2
+    assert "--nodes 2" in result.stderr and "hpcdp submit" in result.stderr
     assert not (tmp_path / "runs").exists()
 
 

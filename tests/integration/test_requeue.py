@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -50,7 +49,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(slurm_cluster, tmp_p
     assert "requeueing job" in log
     assert info.restarts == 1, info
 
-    records = [json.loads(l) for l in metrics.read_text().splitlines()]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
     headers = [r for r in records if r["kind"] == "header"]
     summaries = [r for r in records if r["kind"] == "summary"]
     assert len(headers) == 2, "the rerun appends a second segment"

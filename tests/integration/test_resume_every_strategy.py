@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 from slurm_jobs import logs, records, sets, submit, wait_all, wait_for_step
 
 pytestmark = pytest.mark.slurm
@@ -56,7 +55,7 @@ def test_every_strategy_resumes_with_the_uninterrupted_losses(slurm_cluster, tmp
                          env={"HPCDP_FAULT": f"pause@{PAUSE_AT}"})
         jobs[label] = (straight, stopped)
 
-    for label, (_, (job_id, run_dir)) in jobs.items():
+    for _straight, (job_id, run_dir) in jobs.values():
         wait_for_step(run_dir, PAUSE_AT)
         # What Slurm sends the batch shell before the time limit (--signal=B:USR2@...).
         subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)

@@ -8,7 +8,6 @@ import json
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -54,7 +53,7 @@ def test_smoke_matrix_then_harvest(slurm_cluster, tmp_path):
         assert row["final_val_loss"] is not None
     # The same data and seed for every strategy: the byte-level model learns in 12 steps.
     for run_dir in runs.glob("smoke/*-*n"):
-        steps = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         losses = [r["loss"] for r in steps if r["kind"] == "step"]
         assert losses[-1] < losses[0] - 0.5, (run_dir.name, losses)
     # single-gpu on one node is the baseline of the speed-up column

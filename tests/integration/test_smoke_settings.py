@@ -39,7 +39,7 @@ def test_smoke_loss_curve_has_no_spike(prepared, tmp_path, global_batch):
          "--set", "train.eval_interval=0", "--set", "train.checkpoint_interval=0"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r["kind"] == "step"]
     assert len(losses) == 30
     lowest, worst = losses[0], 0.0

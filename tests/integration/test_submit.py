@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp import config, render, slurm
+from hpcdp import config, slurm
 
 pytestmark = pytest.mark.slurm
 
@@ -45,7 +45,7 @@ def wait_final(job_id: str, timeout_s: float = 300) -> slurm.JobInfo:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_every_paper_cell_passes_bash_n_and_sbatch_test_only(slurm_cluster, tmp_path):
@@ -174,7 +174,8 @@ def test_submit_wait_ends_where_sacct_is_unavailable(slurm_cluster, tmp_path):
     """A cluster without accounting: --wait follows squeue and stops when the job leaves it
     (state UNKNOWN, exit 1: success cannot be confirmed), instead of waiting forever."""
     conf = Path(os.environ["SLURM_CONF"])
-    lines = [l for l in conf.read_text().splitlines() if not l.startswith("AccountingStorage")]
+    lines = [line for line in conf.read_text().splitlines()
+             if not line.startswith("AccountingStorage")]
     (tmp_path / "slurm.conf").write_text("\n".join(lines) + "\n")
     env = {**os.environ, "SLURM_CONF": str(tmp_path / "slurm.conf")}
     result = subprocess.run(
@@ -223,3 +224,24 @@ def test_hpcdp_env_inside_srun_shows_what_each_rank_will_see(slurm_cluster, tmp_
     assert [v["horovod"]["cross_rank"] for v in views] == [0, 0, 1, 1]
     assert [v["horovod"]["local_rank"] for v in views] == [0, 1, 0, 1]
     assert views[3]["torch_env"]["RANK"] == "3" and views[3]["node_rank"] == 1
+
+
+def test_ddp_with_an_nccl_exclusion_list_interface_completes(slurm_cluster, tmp_path):
+    """`network_interface: '^docker0,lo'` (NCCL's syntax, the form troubleshooting.md
+    recommends) once rendered GLOO_SOCKET_IFNAME='^docker0,lo', which Gloo cannot read: CPU DDP
+    broke. Now each node resolves it to an interface Gloo can use (here the machine's own,
+    which every local "node" shares)."""
+    from hpcdp import distenv
+
+    if not [name for name in distenv.local_interfaces() if not name.startswith("lo")]:
+        pytest.skip("this machine has no interface with an IPv4 address besides lo")
+    result = hpcdp("submit", "--strategy", "distributed-ps", "--nodes", "2", "--wait",
+                   "--out", str(tmp_path / "runs"), "--set",
+                   "cluster.network_interface=^docker0,lo", *FAST, "--set",
+                   "data.corpus=synthetic", cwd=tmp_path)
+    run_dir = tmp_path / "runs" / "smoke" / "distributed-ps-2n"
+    script = (run_dir / "job.sbatch").read_text()
+    assert "GLOO_SOCKET_IFNAME" not in script and "NCCL_SOCKET_IFNAME='^docker0,lo'" in script
+    assert "COMPLETED" in result.stdout
+    header = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert header["world_size"] == 2 and header["communication"] == "gloo"

@@ -3,8 +3,8 @@ fail-fast world checks, and clear messages when Horovod or apex are missing."""
 
 from __future__ import annotations
 
-import os
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path

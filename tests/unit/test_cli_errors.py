@@ -3,14 +3,14 @@ nothing written. Runs the real `hpcdp` entry point in a subprocess."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 BAD_INPUTS = [
     (["render", "--strategy", "nope"], ["'nope'", "distributed-ps", "horovod-apex"]),
     (["render", "--strategy", "ddp", "--nodes", "0"], ["--nodes 0", "1 or more"]),
-    (["render", "--strategy", "single-gpu", "--nodes", "2"], ["'single-gpu'", "2", "distributed-ps"]),
+    (["render", "--strategy", "single-gpu", "--nodes", "2"],
+     ["'single-gpu'", "2", "distributed-ps"]),
     (["render", "--strategy", "single-ps", "--nodes", "4"], ["'single-ps'", "4"]),
     (["render", "--set", "cluster.gpus_per_nod=4"], ["'gpus_per_nod'", "gpus_per_node"]),
     (["render", "--set", "train.step=3"], ["'step'", "steps"]),
@@ -20,7 +20,8 @@ BAD_INPUTS = [
     (["render", "--set", "cluster.time_limit=forever"], ["'forever'", "HH:MM:SS"]),
     (["render", "--set", "matrix.strategies=[ddp,zero3]"], ["'zero3'", "distributed-ps"]),
     (["render", "--set", "cluster.partition=gpu;reboot"], ["'gpu;reboot'", "cluster.partition"]),
-    (["render", "--experiment", "/does/not/exist.yaml"], ["'/does/not/exist.yaml'", "does not exist"]),
+    (["render", "--experiment", "/does/not/exist.yaml"],
+     ["'/does/not/exist.yaml'", "does not exist"]),
     (["render", "--cluster", "nosuchprofile"], ["'nosuchprofile'", "local", "generic-gpu"]),
     (["render", "--set", "nonsense"], ["'nonsense'", "section.key=value"]),
     (["render", "--nodes", "x"], ["--nodes", "'x'"]),
@@ -43,7 +44,8 @@ BAD_INPUTS = [
     # issue 13: what sbatch would reject later
     (["render", "--set", """cluster.extra_sbatch=['--comment="a b"']"""],
      ["extra_sbatch", "double quote"]),
-    (["render", "--set", "cluster.extra_sbatch=['--comment a b']"], ["extra_sbatch", "--name=value"]),
+    (["render", "--set", "cluster.extra_sbatch=['--comment a b']"],
+     ["extra_sbatch", "--name=value"]),
 ]
 
 
@@ -115,7 +117,8 @@ def test_bad_peak_flops_is_one_line(tmp_path):
     env = {**__import__("os").environ, "HPCDP_PEAK_FLOPS": "fast"}
     result = subprocess.run(
         [sys.executable, "-m", "train", "--experiment", "smoke", "--strategy", "single-gpu",
-         "--out", str(tmp_path / "run"), "--set", "data.corpus=synthetic", "--set", "train.steps=1"],
+         "--out", str(tmp_path / "run"), "--set", "data.corpus=synthetic",
+         "--set", "train.steps=1"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: HPCDP_PEAK_FLOPS='fast'")

@@ -130,7 +130,7 @@ def test_two_processes_preparing_at_once_both_succeed_with_identical_files(tmp_p
     time.sleep(0.5)  # both are past their imports and polling
     go.touch()
     results = [r.communicate(timeout=120) for r in racers]
-    for racer, (out, err) in zip(racers, results):
+    for racer, (_out, err) in zip(racers, results):
         assert racer.returncode == 0, err
     paths = {json.loads(out) for out, _ in results}
     assert len(paths) == 1

@@ -13,7 +13,8 @@ import subprocess
 
 import pytest
 
-from hpcdp.distenv import DistEnvError, HostlistError, expand_hostlist
+from hpcdp.errors import UsageError
+from hpcdp.hostlist import HostlistError, expand_hostlist
 
 VALID = [
     ("node1", ["node1"]),
@@ -85,10 +86,10 @@ def test_broken_input_raises_one_line_naming_it(text: str, why: str) -> None:
     assert "\n" not in message
 
 
-def test_hostlist_error_is_a_value_error_and_a_dist_env_error() -> None:
+def test_hostlist_error_is_a_value_error_and_a_one_line_usage_error() -> None:
     with pytest.raises(ValueError):
         expand_hostlist("n[3-1]")
-    assert issubclass(HostlistError, DistEnvError)
+    assert issubclass(HostlistError, UsageError)
 
 
 def test_largest_range_slurm_allows() -> None:
@@ -128,7 +129,8 @@ def _scontrol_hostnames(text: str, conf: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("text,expected", VALID, ids=[t for t, _ in VALID])
-def test_matches_scontrol_show_hostnames(text: str, expected: list[str], scontrol_conf: str) -> None:
+def test_matches_scontrol_show_hostnames(text: str, expected: list[str],
+                                        scontrol_conf: str) -> None:
     done = _scontrol_hostnames(text, scontrol_conf)
     output = done.stdout + done.stderr
     if "Could not establish a configuration source" in output:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hpcdp.config import load_experiment
 from hpcdp.errors import UsageError
 from train.model import LanguageModel, build_model, count_params, flops_per_token
 
@@ -32,15 +33,14 @@ def test_gpt2_124m_has_the_standard_count() -> None:
 
 
 @pytest.mark.parametrize(("preset", "seq_len"), [("gpt2-100m", 1024), ("tiny", 1025)])
-def test_seq_len_beyond_the_context_is_a_usage_error(preset: str, seq_len: int) -> None:
+def test_seq_len_beyond_the_context_is_refused_when_the_experiment_loads(preset, seq_len):
     with pytest.raises(UsageError, match=f"train.seq_len {seq_len}"):
-        with torch.device("meta"):
-            build_model(preset, 256, seq_len)
+        load_experiment("smoke", {"model": {"preset": preset}, "train": {"seq_len": seq_len}})
 
 
 def test_unknown_preset_names_the_valid_ones() -> None:
     with pytest.raises(UsageError, match="gpt2-124m"):
-        build_model("gpt3", 256, 128)
+        load_experiment("smoke", {"model": {"preset": "gpt3"}})
 
 
 def test_flops_per_token_is_6n_plus_attention() -> None:

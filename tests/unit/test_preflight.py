@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 
 def fake_horovod(root: Path, body: str) -> Path:
     pkg = root / "fake" / "horovod"

@@ -61,7 +61,7 @@ def test_scripts_pass_bash_syntax_check(strategy, nodes, cluster, tmp_path):
 def test_directives_follow_the_profile(tmp_path):
     text = _render("distributed-ps", 2, "generic-gpu", tmp_path, gpu_request="gpus-per-node",
                    gpu_type="v100", account="proj42", qos="high")
-    lines = [l for l in text.splitlines() if l.startswith("#SBATCH")]
+    lines = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert "#SBATCH --nodes=2" in lines
     assert "#SBATCH --ntasks-per-node=4" in lines  # one rank per GPU
     assert "#SBATCH --gpus-per-node=v100:4" in lines
