@@ -43,6 +43,9 @@ def _add_selection(parser: argparse.ArgumentParser, strategy_required: bool = Fa
                         metavar="SECTION.KEY=VALUE",
                         help="override any field, e.g. train.steps=10 or cluster.partition=gpu")
     parser.add_argument("--out", help="output root for runs (default: the profile's output_dir)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="a run folder that holds an earlier run: move it aside "
+                             "(RUN_DIR.old-TIME) and start over, instead of continuing it")
 
 
 def _load(args) -> tuple[config.ClusterProfile, config.Experiment]:
@@ -87,6 +90,7 @@ def cmd_render(args) -> int:
         for job in jobs:
             sys.stdout.write(job.text)
         return 0
+    _claim_run_dirs(jobs, experiment, args)
     render.write_jobs(jobs, experiment)
     for job in jobs:
         print(job.script_path)
@@ -114,6 +118,17 @@ def _fallback_slurm_env() -> None:
 
     if cluster.is_up():
         os.environ.update(cluster.slurm_env())
+
+
+def _claim_run_dirs(jobs, experiment: config.Experiment, args) -> None:
+    """A run folder with an earlier run is continued only when trained alike (--fresh moves
+    it aside instead): checked for every job before anything is written."""
+    from hpcdp import render
+
+    if args.fresh:
+        render.move_aside(jobs)
+    else:
+        render.check_continuable(jobs, experiment)
 
 
 def _check_horovod(jobs, profile: config.ClusterProfile, controller: str | None = None) -> None:
@@ -156,6 +171,7 @@ def cmd_submit(args) -> int:
     _local_cluster_env(profile)
     _check_partition_fits(jobs, profile)
     submit.check_run_dirs_free(jobs)
+    _claim_run_dirs(jobs, experiment, args)
     take_back = render.write_jobs(jobs, experiment)
     records = []
     for i, job in enumerate(jobs):
@@ -194,6 +210,7 @@ def cmd_run(args) -> int:
                          "use `hpcdp submit` for more")
     jobs = _render_selection(args, profile, experiment, one_node_only=True)
     _check_horovod(jobs, profile, controller=local_run.HOROVOD_CONTROLLER)
+    _claim_run_dirs(jobs, experiment, args)
     render.write_jobs(jobs, experiment)  # the same scripts, for a later sbatch
     failed = []
     for job in jobs:

@@ -209,7 +209,12 @@ class TrainConfig:
     """Validation every N steps (0: only at the end)."""
     eval_batches: int = 4
     checkpoint_interval: int = 0
-    """Checkpoint every N steps (0: only at the end)."""
+    """Checkpoint every N steps (0: only at the end and on a stop signal)."""
+    checkpoint_every_s: float = 600.0
+    """Also checkpoint when this many seconds passed since the last one (0: off): a hard kill
+    (node failure, scontrol requeue, SIGKILL) loses at most this much training."""
+    keep_checkpoints: int = 2
+    """Newest checkpoints kept on disk (a 124M model with AdamW state is ~1.5 GB each)."""
     amp_dtype: Literal["auto", "fp16", "bf16"] = "auto"
     """Mixed-precision dtype of the -apex strategies; auto: fp16 on GPUs, bf16 on CPU."""
     amp_backend: Literal["native", "apex"] = "native"
@@ -217,10 +222,16 @@ class TrainConfig:
     apex_opt_level: Literal["O1", "O2"] = "O1"
     compile: bool = False
     dist_timeout_s: int = 300
-    """Timeout for process-group set-up and collectives: a hang becomes an error."""
+    """Timeout for process-group set-up and collectives (torch, Horovod's Gloo and its stall
+    shutdown), and the most the progress watchdog waits: a hang becomes an error."""
+    hang_factor: float = 20.0
+    """The watchdog ends a rank that finished no step for hang_factor x the median step time
+    (at least hang_floor_s, at most dist_timeout_s), with every rank's stack in RUN_DIR/hang/."""
+    hang_floor_s: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip", "checkpoint_every_s",
+                     "hang_factor", "hang_floor_s"):
             if not math.isfinite(getattr(self, name)):
                 raise UsageError(f"train.{name} {getattr(self, name)!r} must be a finite number")
         _at_least("train.seed", self.seed, 0)
@@ -234,6 +245,13 @@ class TrainConfig:
                 f"train.lr {self.lr!r} / train.min_lr {self.min_lr!r}: "
                 "need 0 <= min_lr <= lr, lr > 0"
             )
+        _at_least("train.keep_checkpoints", self.keep_checkpoints, 1)
+        if self.hang_factor <= 0 or self.hang_floor_s <= 0:
+            raise UsageError(f"train.hang_factor {self.hang_factor!r} and train.hang_floor_s "
+                             f"{self.hang_floor_s!r} must be above 0")
+        if self.checkpoint_every_s < 0:
+            raise UsageError(f"train.checkpoint_every_s {self.checkpoint_every_s!r} must be "
+                             ">= 0 (0 turns time-based checkpoints off)")
         if self.grad_clip < 0:
             raise UsageError(f"train.grad_clip {self.grad_clip!r} must be >= 0 (0 disables it)")
 

@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,6 +214,63 @@ def render_job(profile: ClusterProfile, experiment: Experiment, strategy: Strate
 def experiment_yaml(experiment: Experiment) -> str:
     header = "# Resolved by hpcdp (overrides applied); the run's script reads this file.\n"
     return header + yaml.safe_dump(as_dict(experiment), sort_keys=False)
+
+
+# What an earlier run in the same folder may differ in and still be continued by --resume:
+# how often things are logged, evaluated, saved or timed out, not what is trained.
+CONTINUABLE = ("name", "description", "matrix.", "train.log_interval", "train.eval_interval",
+               "train.eval_batches", "train.checkpoint_interval", "train.checkpoint_every_s",
+               "train.keep_checkpoints", "train.dist_timeout_s", "train.warmup_log_steps",
+               "train.hang_factor", "train.hang_floor_s")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    return (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("*.pt"))
+
+
+def check_continuable(jobs: list[RenderedJob], experiment: Experiment) -> None:
+    """Refuse to write into a run folder whose earlier run was trained otherwise: the rendered
+    script always resumes, so it would continue that run with other settings (or, after the
+    last step, silently do nothing). One line names the first difference and the ways out."""
+    from hpcdp.config import load_yaml_text
+
+    new = _flat(load_yaml_text(experiment_yaml(experiment)))
+    for job in jobs:
+        if not holds_a_run(job.run_dir):
+            continue
+        try:
+            old = _flat(load_yaml_text(job.experiment_file.read_text()) or {})
+        except (OSError, yaml.YAMLError):
+            old = {}
+        differ = [k for k in sorted(set(old) | set(new))
+                  if not k.startswith(CONTINUABLE) and old.get(k) != new.get(k)]
+        if differ:
+            k = differ[0]
+            more = f" and {len(differ) - 1} more setting(s)" if len(differ) > 1 else ""
+            raise UsageError(
+                f"{job.run_dir} holds a run trained with {k}={old.get(k)!r}, not "
+                f"{new.get(k)!r}{more}; resubmit it unchanged to continue it, add --fresh to "
+                "move it aside and start over, or give another --out")
+
+
+def move_aside(jobs: list[RenderedJob]) -> None:
+    """--fresh: each run folder that holds a run becomes RUN_DIR.old-TIMESTAMP."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for job in jobs:
+        if holds_a_run(job.run_dir):
+            target = job.run_dir.with_name(f"{job.run_dir.name}.old-{stamp}")
+            job.run_dir.rename(target)
+            print(f"hpcdp: moved the earlier run aside: {target}", file=sys.stderr)
 
 
 def write_jobs(jobs: list[RenderedJob], experiment: Experiment) -> dict[Path, Callable[[], None]]:

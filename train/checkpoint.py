@@ -16,8 +16,6 @@ from typing import Any
 import numpy as np
 import torch
 
-KEEP = 2
-"""Checkpoints kept on disk (the newest ones); a 124M model with AdamW state is ~1.5 GB each."""
 _NAME = re.compile(r"step-(\d{7,})\.pt")
 
 
@@ -62,8 +60,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(out_dir: Path, step: int, payload: dict[str, Any]) -> Path:
-    """Write atomically (a reader or a crash never sees half a file); keep the newest KEEP."""
+def save(out_dir: Path, step: int, payload: dict[str, Any], keep: int = 2) -> Path:
+    """Write atomically (a reader or a crash never sees half a file); keep the newest `keep`."""
     path = path_for(out_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -71,7 +69,7 @@ def save(out_dir: Path, step: int, payload: dict[str, Any]) -> Path:
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    for _, old in list_checkpoints(out_dir)[:-KEEP]:
+    for _, old in list_checkpoints(out_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return path
 

@@ -5,12 +5,15 @@ Only the test suite sets it; a user never needs it. It exists so that the failur
 racing a signal against a run that may already have finished. Forms:
 
     pause@STEP          after STEP, every rank waits (up to PAUSE_LIMIT_S) for a stop signal
+    kill@STEP[:RANK]    after STEP, before its checkpoint, the rank SIGKILLs itself (a hard kill)
+    hang@STEP[:RANK]    after STEP, the rank SIGSTOPs itself (a hung rank); RANK defaults to 0
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,20 +22,29 @@ from hpcdp.errors import UsageError
 
 ENV_VAR = "HPCDP_FAULT"
 PAUSE_LIMIT_S = 120
-_FORM = re.compile(r"(?P<kind>pause)@(?P<step>[1-9][0-9]*)")
+_FORM = re.compile(r"(?P<kind>pause|kill|hang)@(?P<step>[1-9][0-9]*)(?::(?P<rank>[0-9]+))?")
 
 
 @dataclass(frozen=True)
 class Fault:
     kind: str
     step: int
+    rank: int = 0
 
-    def after_step(self, step: int, stop_requested: Callable[[], bool]) -> None:
-        if step != self.step:
+    def after_step(self, step: int, rank: int, stop_requested: Callable[[], bool],
+                   keep_alive: Callable[[], None] = lambda: None) -> None:
+        """keep_alive: called while pausing, so that the progress watchdog knows the pause is
+        deliberate."""
+        if step != self.step or (self.kind != "pause" and rank != self.rank):
             return
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "hang":
+            os.kill(os.getpid(), signal.SIGSTOP)
         if self.kind == "pause":
             deadline = time.monotonic() + PAUSE_LIMIT_S
             while not stop_requested() and time.monotonic() < deadline:
+                keep_alive()
                 time.sleep(0.05)
 
 
@@ -42,5 +54,6 @@ def from_environment(environ: dict[str, str] | None = None) -> Fault | None:
         return None
     match = _FORM.fullmatch(raw)
     if not match:
-        raise UsageError(f"{ENV_VAR}={raw!r} is not a fault; valid: pause@STEP")
-    return Fault(kind=match["kind"], step=int(match["step"]))
+        raise UsageError(f"{ENV_VAR}={raw!r} is not a fault; valid: pause@STEP, "
+                         "kill@STEP[:RANK], hang@STEP[:RANK]")
+    return Fault(kind=match["kind"], step=int(match["step"]), rank=int(match["rank"] or 0))

@@ -7,6 +7,7 @@ A strategy only wraps (process group, model, optimizer, gradient sync) and preci
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -34,6 +35,7 @@ from train.model import LanguageModel, build_model, count_params, flops_per_toke
 from train.precision import Precision, make_precision
 from train.stop import StopSignal
 from train.strategies import Strategy, create
+from train.watchdog import Watchdog
 
 
 @dataclass
@@ -167,17 +169,26 @@ def run(exp: Experiment, strategy_name: str, out_dir: str | Path, resume: bool =
     strategy = create(spec, log=log if env.rank == 0 else _quiet)
     strategy.setup(env, exp.train.dist_timeout_s)
     try:
-        log = log if strategy.is_main else _quiet
-        training = setup(exp, spec, strategy, Path(out_dir), resume, log)
-        metrics = MetricsWriter(training.out_dir / "metrics.jsonl" if strategy.is_main else None)
-        metrics.write("header", **header(training, env))
-        summary = fit(training, metrics, log)
-        metrics.write("summary", **summary)
-        metrics.close()
-        strategy.barrier()
-        return summary
+        return _train(exp, spec, env, strategy, Path(out_dir), resume,
+                      log if strategy.is_main else _quiet)
     finally:
         strategy.teardown()
+
+
+def _train(exp: Experiment, spec: registry.StrategySpec, env: distenv.DistEnv,
+           strategy: Strategy, out_dir: Path, resume: bool,
+           log: Callable[[str], None]) -> dict[str, Any]:
+    # Its own frame, so that the wrapped model (DDP's reducer, Horovod's hooks) is freed when
+    # it returns, before teardown destroys the process group: freed after it, DDP's
+    # destructor can hang the process at exit.
+    training = setup(exp, spec, strategy, out_dir, resume, log)
+    metrics = MetricsWriter(out_dir / "metrics.jsonl" if strategy.is_main else None)
+    metrics.write("header", **header(training, env))
+    summary = fit(training, metrics, log)
+    metrics.write("summary", **summary)
+    metrics.close()
+    strategy.barrier()
+    return summary
 
 
 @dataclass
@@ -200,6 +211,7 @@ class Training:
     """Sequences per process per micro-step (micro_batch_size x devices it drives)."""
     start_step: int = 0
     resumed_from: str | None = None
+    last_saved: float = dataclasses.field(default_factory=time.monotonic)
 
     @property
     def global_batch(self) -> int:
@@ -220,7 +232,16 @@ class Training:
             return None
         return peak_flops(self.device_name, self.precision.name)
 
+    def checkpoint_due(self, step: int) -> bool:
+        """Every checkpoint_interval steps, or checkpoint_every_s seconds after the last one.
+        Only rank 0 writes, and replicas are identical: no agreement between ranks needed."""
+        cfg = self.exp.train
+        return bool((cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0) or (
+            cfg.checkpoint_every_s
+            and time.monotonic() - self.last_saved >= cfg.checkpoint_every_s))
+
     def save(self, step: int, metrics: MetricsWriter) -> None:
+        self.last_saved = time.monotonic()
         if not self.strategy.is_main:
             return
         path = checkpoint.save(self.out_dir, step, {
@@ -228,9 +249,15 @@ class Training:
             "precision": self.precision.state_dict(), "step": step,
             "data": self.batches.state_dict(), "rng": checkpoint.rng_state(),
             "config": as_dict(self.exp), "strategy": self.spec.name,
-            "world_size": self.strategy.world_size,
-        })
+            "world_size": self.strategy.world_size, "sample_layout": self.sample_layout(),
+        }, keep=self.exp.train.keep_checkpoints)
         metrics.write("checkpoint", step=step, path=str(path))
+
+    def sample_layout(self) -> dict[str, int]:
+        """What the data stream's position means: sequences drawn per micro-step over all
+        ranks, and micro-steps per optimizer step. A resumed run must draw the same."""
+        return {"sequences_per_micro_step": self.batch_size * self.strategy.world_size,
+                "grad_accum_steps": self.exp.train.grad_accum_steps}
 
 
 def setup(exp: Experiment, spec: registry.StrategySpec, strategy: Strategy, out_dir: Path,
@@ -277,6 +304,7 @@ def _resume(t: Training, log: Callable[[str], None]) -> None:
         return
     state = checkpoint.load(Path(found))
     _check_compatible(state["config"], t.exp, found)
+    _check_same_samples(state, t, found, log)
     t.raw_model.load_state_dict(state["model"])
     t.optimizer.load_state_dict(state["optimizer"])
     t.precision.load_state_dict(state["precision"])
@@ -321,6 +349,8 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None]) -> dict
         f"{count_params(t.raw_model) / 1e6:.2f}M parameters, steps {t.start_step + 1}..{cfg.steps}")
     throughput = Throughput(t, metrics)
     stop, fault = StopSignal(), faults.from_environment()
+    watchdog = Watchdog(t.out_dir, strategy.rank, strategy.world_size, factor=cfg.hang_factor,
+                        floor_s=cfg.hang_floor_s, ceiling_s=cfg.dist_timeout_s)
     step, last_loss, last_val = t.start_step, None, None
     while step < cfg.steps:
         t0 = time.perf_counter()
@@ -331,6 +361,7 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None]) -> dict
         _sync(device)
         step += 1
         throughput.step_done(time.perf_counter() - t0)
+        watchdog.beat(step, throughput.times[-1])
         if step % cfg.log_interval == 0 or step == cfg.steps:
             last_loss = strategy.mean(result.loss).item()
             line = throughput.record(step, result, lr, last_loss)
@@ -339,17 +370,19 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None]) -> dict
             last_val = evaluate(t.model, t.data, t.exp, strategy, t.precision, t.batch_size)
             metrics.write("eval", step=step, val_loss=last_val)
             log(f"train: step {step} val_loss {last_val:.4f}")
+            watchdog.beat()
         if fault:
-            fault.after_step(step, lambda: stop.name is not None)
+            fault.after_step(step, strategy.rank, lambda: stop.name is not None, watchdog.beat)
         stopping = step < cfg.steps and stop.agreed(strategy, device)
-        if (step == cfg.steps or stopping
-                or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)):
+        if step == cfg.steps or stopping or t.checkpoint_due(step):
             t.save(step, metrics)
+            watchdog.beat()
         if stopping:
             log(f"train: {stop.name} received: stopped after step {step} with a checkpoint; "
                 "run again with --resume to continue")
             break
     stop.restore()
+    watchdog.stop()
     if step == t.start_step:
         log(f"train: nothing to do, the run already reached step {cfg.steps}")
     digest, identical = replica_check(t.raw_model, strategy, device)
@@ -424,6 +457,26 @@ def _check_compatible(saved: dict, exp: Experiment, path: str) -> None:
                 f"checkpoint {path} was trained with {section}.{key}={saved[section][key]!r}, "
                 f"not {now[section][key]!r}; use another --out or drop --resume"
             )
+
+
+def _check_same_samples(state: dict, t: Training, path: str, log: Callable[[str], None]) -> None:
+    """The data stream continues only with the same sequences per micro-step over all ranks
+    and the same accumulation: then any world size continues exactly (batches are drawn over
+    the global batch, not per rank). Anything else is refused, naming what differs."""
+    cfg = state["config"]["train"]
+    saved = state.get("sample_layout") or {  # checkpoints from before sample_layout
+        "sequences_per_micro_step": cfg["micro_batch_size"] * state["world_size"],
+        "grad_accum_steps": cfg["grad_accum_steps"]}
+    now = t.sample_layout()
+    if saved != now:
+        differs = ", ".join(f"{k} {saved[k]} (now {now[k]})" for k in now if saved[k] != now[k])
+        raise UsageError(
+            f"checkpoint {path} was trained with {differs}: this job cannot continue its data "
+            f"stream; match micro_batch_size x world size ({saved['sequences_per_micro_step']}) "
+            "and grad_accum_steps, or use another --out")
+    if state["world_size"] != t.strategy.world_size:
+        log(f"train: the checkpoint was written by {state['world_size']} ranks, this job has "
+            f"{t.strategy.world_size}; the global batch is the same, so it continues exactly")
 
 
 __all__ = ["run", "train_step", "lr_at", "evaluate", "StepResult"]

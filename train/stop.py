@@ -63,5 +63,7 @@ class StopSignal:
         return False
 
     def restore(self) -> None:
+        """The handlers from before; the start-up recorder becomes the default again, so that
+        a signal after training (e.g. torchrun ending a failed job) ends the process."""
         for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
+            signal.signal(sig, signal.SIG_DFL if previous is _record_early else previous)

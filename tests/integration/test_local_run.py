@@ -62,3 +62,30 @@ def test_hpcdp_run_horovod_twice_resumes_instead_of_deadlocking(tmp_path):
     headers = [r for r in records(tmp_path / "runs" / "smoke" / "horovod-1n")
                if r["kind"] == "header"]
     assert [h["start_step"] for h in headers] == [0, 5]
+
+
+def test_a_finished_run_folder_is_not_continued_with_other_settings(tmp_path):
+    """`hpcdp run` after the demo once reused its finished folder, rewrote experiment.yaml and
+    resumed from its checkpoint with other settings."""
+    def hpcdp_run(*extra):
+        return subprocess.run([sys.executable, "-m", "hpcdp", "run", "--strategy", "single-gpu",
+                               "--out", str(tmp_path / "runs"), *FAST, *extra], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+
+    assert hpcdp_run().returncode == 0
+    run_dir = tmp_path / "runs" / "smoke" / "single-gpu-1n"
+    before = (run_dir / "experiment.yaml").read_text()
+    other = hpcdp_run("--set", "train.steps=9")
+    assert other.returncode == 2
+    (line,) = other.stderr.strip().splitlines()
+    assert "train.steps=5, not 9" in line and "--fresh" in line
+    assert (run_dir / "experiment.yaml").read_text() == before
+    # Only how often it logs: the same run, continued (here: already at its last step).
+    same = hpcdp_run("--set", "train.log_interval=2")
+    assert same.returncode == 0 and "nothing to do" in same.stdout
+    fresh = hpcdp_run("--set", "train.steps=9", "--fresh")
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    (old,) = run_dir.parent.glob("single-gpu-1n.old-*")
+    assert "  steps: 5\n" in (old / "experiment.yaml").read_text()
+    assert [r["steps"] for r in records(old) if r["kind"] == "summary"] == [5, 5]
+    assert [r["steps"] for r in records(run_dir) if r["kind"] == "summary"] == [9]

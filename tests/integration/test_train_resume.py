@@ -152,3 +152,57 @@ def test_a_stop_signal_while_starting_checkpoints_instead_of_killing(tmp_path: P
     assert summary["kind"] == "summary" and summary["status"] == "interrupted"
     assert (tmp_path / "checkpoints" / f"step-{summary['steps']:07d}.pt").exists()
     assert "SIGUSR2 received" in out
+
+
+def _run(out: Path, strategy: str, procs: int, port: int, *extra: str, resume: bool = False,
+         fault: str | None = None) -> subprocess.CompletedProcess:
+    env = _env(port) | ({"HPCDP_FAULT": fault} if fault else {})
+    cmd = command(out, strategy, procs, port, resume) + [a for s in extra for a in ("--set", s)]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_a_sigkilled_run_resumes_from_its_last_time_based_checkpoint(tmp_path: Path) -> None:
+    """A hard kill (node failure, scontrol requeue) gives no signal to checkpoint on: what
+    survives is the last time-based checkpoint. Step 6 is computed, killed before its
+    checkpoint, and computed again after the resume; it counts once."""
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run_to_end(straight, "single-gpu", 1, 29750)
+    every_step = "train.checkpoint_every_s=0.001"  # every step is "due"; kill@6 lands before 6's
+    first = _run(killed, "single-gpu", 1, 29751, every_step, fault="kill@6")
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    assert checkpoint_steps(killed) == [4, 5]  # keep_checkpoints=2
+    again = _run(killed, "single-gpu", 1, 29752, every_step, resume=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resumed from" in again.stdout and "at step 5" in again.stdout
+    recs = records(killed)
+    assert [r["step"] for r in recs if r["kind"] == "step"].count(6) == 2  # computed twice
+    assert losses(recs) == losses(records(straight))  # the later value of step 6 counts
+    from hpcdp import harvest
+
+    (row,) = harvest.harvest([killed], query_slurm=False)
+    assert row.steps == STEPS and row.final_loss == records(straight)[-1]["final_loss"]
+
+
+def checkpoint_steps(out: Path) -> list[int]:
+    return sorted(int(p.stem.split("-")[1]) for p in (out / "checkpoints").glob("step-*.pt"))
+
+
+def test_resume_refuses_a_data_stream_it_cannot_continue_and_continues_another_world(
+        tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    every_step = "train.checkpoint_every_s=0.001"
+    first = _run(out, "single-gpu", 1, 29760, every_step, fault="kill@4")  # checkpoint at 3
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    # Micro batch 8 instead of 4 (x accumulation 2): other samples per position: refused.
+    bigger = _run(out, "single-gpu", 1, 29761, "train.micro_batch_size=8", resume=True)
+    assert bigger.returncode == 2
+    (line,) = bigger.stderr.strip().splitlines()
+    assert "sequences_per_micro_step 4 (now 8)" in line and "another --out" in line
+    # Two DDP ranks of micro batch 2 draw the same 4 sequences per micro-step: it continues.
+    wider = _run(out, "distributed-ps", 2, 29762, "train.micro_batch_size=2", resume=True)
+    assert wider.returncode == 0, wider.stderr[-3000:]
+    assert "continues exactly" in wider.stdout and "at step 3" in wider.stdout
+    straight = tmp_path / "straight"
+    run_to_end(straight, "single-gpu", 1, 29763)
+    # Two ranks sum gradients in another order than one process: equal to rounding.
+    assert losses(records(out)) == pytest.approx(losses(records(straight)), rel=1e-5)

@@ -24,6 +24,9 @@ class DDPStrategy(Strategy):
         # A master that is not rank 0's node would make every rank wait for the timeout.
         distenv.check_master_is_rank0_node(env, socket.gethostname())
         os.environ.update(env.torch_env())
+        # NCCL's watchdog aborts a collective stuck past the timeout (the default in recent
+        # torch; set for older ones).
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         dist.init_process_group(
             backend="nccl" if self.device.type == "cuda" else "gloo",
             init_method="env://",

@@ -37,6 +37,11 @@ class HorovodStrategy(Strategy):
 
     def setup(self, env, timeout_s: int) -> None:
         hvd = self.hvd = import_horovod()
+        # A stall (a rank missing from a collective) shuts Horovod down instead of warning
+        # forever, and Gloo's rendezvous and operations time out: both after timeout_s.
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(min(60, timeout_s)))
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(timeout_s))
+        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(timeout_s))
         if wants_slurm_gloo_rendezvous(env, os.environ):
             # Rank 0 serves the rendezvous at the master address: it must be its own node.
             distenv.check_master_is_rank0_node(env, socket.gethostname())
