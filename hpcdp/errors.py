@@ -20,8 +20,9 @@ def did_you_mean(value: str, choices: Iterable[str]) -> str:
 
 
 def one_line(text: str) -> str:
-    """Collapse newlines so that a message stays one line even when it quotes bad input."""
-    return " ".join(str(text).split("\n"))
+    """Collapse line breaks so that a message stays one line even when it quotes bad input
+    (every separator str.splitlines knows: \r, \v, \x1c-\x1e, \u2028, ...)."""
+    return " ".join(str(text).splitlines())
 
 
 class ArgumentParser(argparse.ArgumentParser):
