@@ -16,6 +16,7 @@ DIR=${HPCDP_CLUSTER_DIR:-/tmp/hpcdp-slurm}
 CLUSTER=hpcdp
 NODES=(node1 node2 node3 node4)
 CPUS_PER_NODE=4
+PREEMPT_GRACE_S=30  # seconds a preempted job of partition "low" has to checkpoint
 # Not Slurm's default ports (6817-6819), so a system Slurm on the same machine does not clash.
 # slurmctld: PORT_BASE, slurmdbd: PORT_BASE + 1, node I: PORT_BASE + 1 + I.
 PORT_BASE=${HPCDP_SLURM_PORT_BASE:-41817}
@@ -206,6 +207,8 @@ JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=task=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 # Nodes advertise the CPUs written below, not what slurmd detects (2 real cores, 4 nodes).
 SlurmdParameters=config_overrides
 SchedulerParameters=sched_interval=5,bf_interval=5
@@ -227,7 +230,15 @@ EOF
             "${NODES[i]}" $((i + 1)) $((NODE_PORT_BASE + i + 1)) "$CPUS_PER_NODE" "$CPUS_PER_NODE" \
             "$real_mem_mb" >>"$CONF.new"
     done
-    echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP" >>"$CONF.new"
+    # Preemption, as a site configures it: a job in "high" (a higher PriorityTier) preempts
+    # jobs in "low", which are requeued (PreemptMode=REQUEUE) after a grace time in which they
+    # get SIGTERM and checkpoint. "debug", the default, is never preempted.
+    all_nodes="$(IFS=,; echo "${NODES[*]}")"
+    {
+        echo "PartitionName=debug Nodes=$all_nodes Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF"
+        echo "PartitionName=low Nodes=$all_nodes MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=$PREEMPT_GRACE_S"
+        echo "PartitionName=high Nodes=$all_nodes MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
+    } >>"$CONF.new"
     mv -f "$CONF.new" "$CONF"
 
     # slurmdbd has no -f: it reads slurmdbd.conf beside $SLURM_CONF, mode 600, owned by SlurmUser.
