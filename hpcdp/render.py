@@ -24,7 +24,7 @@ import jinja2
 import yaml
 
 from hpcdp import PROJECT_ROOT, TEMPLATES_DIR, __version__, distenv, slurm
-from hpcdp.config import ClusterProfile, Experiment, as_dict
+from hpcdp.config import ClusterProfile, Experiment, as_dict, load_yaml_text
 from hpcdp.errors import UsageError
 from hpcdp.strategies import StrategySpec
 
@@ -242,8 +242,6 @@ def check_continuable(jobs: list[RenderedJob], experiment: Experiment) -> None:
     """Refuse to write into a run folder whose earlier run was trained otherwise: the rendered
     script always resumes, so it would continue that run with other settings (or, after the
     last step, silently do nothing). One line names the first difference and the ways out."""
-    from hpcdp.config import load_yaml_text
-
     new = _flat(load_yaml_text(experiment_yaml(experiment)))
     for job in jobs:
         if not holds_a_run(job.run_dir):

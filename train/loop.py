@@ -226,6 +226,10 @@ class Training:
         return _device_name(self.strategy.device)
 
     @functools.cached_property
+    def flops_per_token(self) -> int:
+        return flops_per_token(self.raw_model, self.exp.train.seq_len)
+
+    @functools.cached_property
     def peak_flops_per_device(self) -> float | None:
         """Known for GPUs (and wherever HPCDP_PEAK_FLOPS says): the MFU's denominator."""
         if self.strategy.device.type != "cuda" and not os.environ.get("HPCDP_PEAK_FLOPS"):
@@ -331,7 +335,7 @@ def header(t: Training, env: distenv.DistEnv) -> dict[str, Any]:
         n_params=count_params(t.raw_model), seq_len=cfg.seq_len,
         micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps,
         global_batch_size=t.global_batch, tokens_per_step=t.tokens_per_step,
-        flops_per_token=flops_per_token(t.raw_model, cfg.seq_len),
+        flops_per_token=t.flops_per_token,
         peak_flops_per_device=t.peak_flops_per_device,
         start_step=t.start_step, resumed_from=t.resumed_from, slurm_job_id=env.job_id,
         restart_count=env.restart_count, hostname=socket.gethostname(),
@@ -400,7 +404,6 @@ class Throughput:
         self.t, self.metrics = t, metrics
         self.start = time.perf_counter()
         self.times: list[float] = []
-        self.flops_per_token = flops_per_token(t.raw_model, t.exp.train.seq_len)
         self.peak = t.peak_flops_per_device
         self.devices = t.strategy.world_size * t.strategy.devices_per_process
 
@@ -418,7 +421,7 @@ class Throughput:
             elapsed_s=time.perf_counter() - self.start,
             max_mem_gb=(torch.cuda.max_memory_allocated(device) / 1e9
                         if device.type == "cuda" else None),
-            mfu=(self.flops_per_token * tokens_per_s / (self.peak * self.devices)
+            mfu=(t.flops_per_token * tokens_per_s / (self.peak * self.devices)
                  if self.peak else None),
         )
         return step_line(step, t.exp.train.steps, loss, lr, tokens_per_s, dt, t.spec.name,
