@@ -278,13 +278,13 @@ def cmd_env(args) -> int:
     if args.json:
         try:
             torch_env: dict | str = env.torch_env()
-        except distenv.DistEnvError as exc:  # e.g. mpirun across nodes with no master known
+        except distenv.DistEnvError as exc:  # e.g. horovodrun across nodes, no master known
             torch_env = str(exc)
         print(json.dumps({**env.as_dict(), "horovod": env.horovod_view(),
                           "device": _device_hint(env), "torch_env": torch_env}, indent=2))
     else:
         if env.launcher == "none":
-            print("no launcher found: not in a Slurm job step, nor started by torchrun, mpirun "
+            print("no launcher found: not in a Slurm job step, nor started by torchrun "
                   "or horovodrun; train/ would run as one process (rank 0 of 1)")
         print(env.describe())
         print(f"device: {_device_hint(env)}")

@@ -1,25 +1,24 @@
 """Launcher environment variables -> one distributed environment (`DistEnv`).
 
-The one place that reads SLURM_*, torchrun's, Open MPI's and horovodrun's variables. `hpcdp env`
-prints what it finds; train/ uses it to set up torch.distributed or Horovod. Pure Python (stdlib
-only, no torch), and every reader takes the environment as a mapping, so that tests pass real
+The one place that reads SLURM_*, torchrun's and horovodrun's variables. `hpcdp env` prints
+what it finds; train/ uses it to set up torch.distributed or Horovod. Pure Python (stdlib only,
+no torch), and every reader takes the environment as a mapping, so that tests pass real
 environments written out as dicts.
 
-Which launcher started us, first match wins:
+`LAUNCHERS` is the table of where each launcher writes rank, sizes and restarts; `_from_launcher`
+is the one builder that reads a row. Which launcher started us, first match wins:
 
 1. torchrun: TORCHELASTIC_RUN_ID, or RANK + WORLD_SIZE + MASTER_ADDR all set.
-2. horovodrun (Gloo controller): HOROVOD_RANK / HOROVOD_SIZE / HOROVOD_LOCAL_RANK / ... (what
-   horovod/runner/gloo_run.py `create_slot_env_vars` sets for each slot).
-3. Open MPI's mpirun (also horovodrun's MPI controller): OMPI_COMM_WORLD_RANK / SIZE /
-   LOCAL_RANK / LOCAL_SIZE. Under `srun --mpi=pmix` these are not set: that is case 4.
-4. A Slurm task started by srun: SLURM_STEP_ID is set (Slurm 22.05's batch shell has
-   SLURM_PROCID=0 as well, so SLURM_PROCID alone does not mean srun).
-5. A Slurm batch shell without srun: SLURM_JOB_ID but no job step. Rank 0 of world 1, with
+2. horovodrun (Gloo controller, what `hpcdp run` uses for Horovod): HOROVOD_RANK and friends.
+3. A Slurm task started by srun (also Horovod over MPI, which the templates start with
+   `srun --mpi=...`): SLURM_STEP_ID is set (Slurm 22.05's batch shell has SLURM_PROCID=0 as
+   well, so SLURM_PROCID alone does not mean srun).
+4. None: a Slurm batch shell without srun, or a plain process. Rank 0 of world 1 with
    `in_step=False`, so that `check_world` can say "run it with srun".
-6. None: a plain single process.
 
 Under any launcher inside a Slurm job, the job id, hosts and (unless MASTER_ADDR is set) the
-master address still come from SLURM_*.
+master address still come from SLURM_*. Heterogeneous jobs and mpirun are not read: no
+template renders them.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from hpcdp.hostlist import HostlistError, expand_hostlist
 
 __all__ = ["DistEnv", "DistEnvError", "HostlistError", "detect", "expand_hostlist"]
 
-Launcher = Literal["slurm", "torchrun", "mpi", "horovodrun", "none"]
+Launcher = Literal["slurm", "torchrun", "horovodrun", "none"]
 
 
 class DistEnvError(UsageError, ValueError):
@@ -59,30 +58,29 @@ class DistEnvError(UsageError, ValueError):
 PORT_RANGE_START = 20000
 PORT_RANGE_END = 32767
 DEFAULT_MASTER_PORT = 29500  # torch's own default, for runs outside any job
-_JOB_ID_RE = re.compile(r"(\d+)(?:([_+])(\d+))?")
+_JOB_ID_RE = re.compile(r"(\d+)(?:_(\d+))?")
 _ARRAY_TASK_STRIDE = 7919  # a prime: array tasks of one job spread over the range
 
 
 def master_port_for_job(job_id: str | int | None) -> int:
     """A port from the job id, the same on every node of the job; None -> 29500.
 
-    `123+0` (a heterogeneous job component) maps like `123`: every component of the job must
-    agree on one rendezvous port. `123_4` (array task 4 of job 123) gets its own port, since
-    array tasks may share a node.
+    `123_4` (array task 4 of job 123, as squeue writes it) gets its own port, since array
+    tasks may share a node.
     """
     if job_id is None:
         return DEFAULT_MASTER_PORT
     if isinstance(job_id, bool) or not isinstance(job_id, (int, str)):
-        raise DistEnvError(f"job id {job_id!r} must be a number like 123, 123_4 or 123+0")
+        raise DistEnvError(f"job id {job_id!r} must be a number like 123 or 123_4")
     match = _JOB_ID_RE.fullmatch(str(job_id).strip())
     if not match:
         raise DistEnvError(
             f"job id {one_line(str(job_id))!r} is not a Slurm job id; "
-            "expected digits like 123, 123_4 (array task) or 123+0 (heterogeneous component)"
+            "expected digits like 123 or 123_4 (array task)"
         )
     key = int(match.group(1))
-    if match.group(2) == "_":
-        key += (int(match.group(3)) + 1) * _ARRAY_TASK_STRIDE
+    if match.group(2) is not None:
+        key += (int(match.group(2)) + 1) * _ARRAY_TASK_STRIDE
     span = PORT_RANGE_END - PORT_RANGE_START + 1
     return PORT_RANGE_START + key % span
 
@@ -307,20 +305,6 @@ def _int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
     return value
 
 
-def _first_int(environ: Mapping[str, str], names: tuple[str, ...], minimum: int = 0) -> int | None:
-    for name in names:
-        value = _int(environ, name, minimum)
-        if value is not None:
-            return value
-    return None
-
-
-def _need(value: int | None, names: str, launcher: str) -> int:
-    if value is None:
-        raise DistEnvError(f"{launcher} environment without {names}")
-    return value
-
-
 _TASKS_RE = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 
 
@@ -344,25 +328,21 @@ def _hosts_from(environ: Mapping[str, str], name: str) -> list[str]:
         raise HostlistError(f"{name}: {exc}") from None
 
 
-@dataclass(frozen=True)
-class _HetGroup:
-    index: int
-    hosts: list[str]
-    num_tasks: int | None
-    layout: list[int] | None
+def _job_id(environ: Mapping[str, str]) -> str | None:
+    return environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or None
 
 
 class _SlurmJob:
     """What every process of a Slurm job can read, whichever launcher started it."""
 
     def __init__(self, environ: Mapping[str, str], step_nodes: bool) -> None:
-        self.job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or None
+        self.job_id = _job_id(environ)
         self.restart_count = _int(environ, "SLURM_RESTART_COUNT") or 0
         self.cpus_per_task = _int(environ, "SLURM_CPUS_PER_TASK", minimum=1)
-        self.num_tasks = _first_int(environ, ("SLURM_NTASKS", "SLURM_NPROCS"), minimum=1)
+        self.num_tasks = (_int(environ, "SLURM_NTASKS", minimum=1)
+                          or _int(environ, "SLURM_NPROCS", minimum=1))
         # An srun task belongs to its step, whose nodes may be fewer than the job's. Processes
-        # that mpirun or torchrun started see the SLURM_STEP_* of the launcher's own step
-        # (mpirun's daemons), which says nothing about the ranks: they take the job's nodes.
+        # that torchrun or horovodrun started take the job's nodes.
         names = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
         if step_nodes:
             names = ("SLURM_STEP_NODELIST",) + names
@@ -373,70 +353,10 @@ class _SlurmJob:
                 self.hosts = _hosts_from(environ, name)
                 self.hosts_from = name
                 break
-        self.master_host = self.hosts[0] if self.hosts else None
-        self.master_from = f"first host of {self.hosts_from}"
-        # Node ids of a heterogeneous step's layout, when its SLURM_STEP_TASKS_PER_NODE can't
-        # be used (see below).
-        self.step_layout: list[int] | None = None
-        groups = _het_groups(environ)
-        if groups:
-            self._use_het_groups(environ, groups, step_nodes)
-
-    def _use_het_groups(self, environ: Mapping[str, str], groups: list[_HetGroup],
-                        step_nodes: bool) -> None:
-        """Heterogeneous jobs (checked on Slurm 22.05 with component 0 on node3, 1 on node2):
-        a step over both lists its nodes sorted (node[2-3]) and its tasks per node in that
-        order (2,1), but numbers nodes and tasks component by component: rank 0 and node id 0
-        are on node3. So rank 0's host, the node order and the layout come from the
-        components in the step, in order. A step of component 1 alone (`srun --het-group=1`)
-        has its rank 0 on component 1's first node, not component 0's."""
-        members = groups
-        if step_nodes:
-            members = _het_groups_in_step(environ, groups, set(self.hosts)) or []
-        if not members:
-            return  # can't tell which components run here: keep the step's own node list
-        self.master_host = members[0].hosts[0]
-        self.master_from = f"first host of SLURM_JOB_NODELIST_HET_GROUP_{members[0].index}"
-        self.hosts = list(dict.fromkeys(h for g in members for h in g.hosts))
-        self.hosts_from = "SLURM_JOB_NODELIST_HET_GROUP_" + ",".join(str(g.index) for g in members)
-        if step_nodes and all(g.layout is not None for g in members):
-            self.step_layout = [count for g in members for count in g.layout or []]
 
     @property
     def present(self) -> bool:
         return self.job_id is not None
-
-
-def _het_groups(environ: Mapping[str, str]) -> list[_HetGroup]:
-    groups = []
-    while environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{len(groups)}", "").strip():
-        i = len(groups)
-        layout_name = f"SLURM_TASKS_PER_NODE_HET_GROUP_{i}"
-        layout = environ.get(layout_name, "").strip()
-        groups.append(_HetGroup(
-            index=i,
-            hosts=_hosts_from(environ, f"SLURM_JOB_NODELIST_HET_GROUP_{i}"),
-            num_tasks=_int(environ, f"SLURM_NTASKS_HET_GROUP_{i}", minimum=1),
-            layout=parse_tasks_per_node(layout, layout_name) if layout else None,
-        ))
-    return groups
-
-
-def _het_groups_in_step(environ: Mapping[str, str], groups: list[_HetGroup],
-                        step_hosts: set[str]) -> list[_HetGroup] | None:
-    """The components this step runs, or None when the variables do not say it clearly.
-
-    No variable names them; the components whose nodes all lie in the step and whose task
-    counts add up to the step's are taken, in order.
-    """
-    members = [g for g in groups if set(g.hosts) <= step_hosts]
-    step_tasks = _first_int(environ, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), minimum=1)
-    counts = [g.num_tasks for g in members]
-    if not members or None in counts or sum(c or 0 for c in counts) != step_tasks:
-        return None
-    if {h for g in members for h in g.hosts} != step_hosts:
-        return None
-    return members
 
 
 # Step ids Slurm reserves for the batch shell, the extern step and interactive steps
@@ -459,13 +379,37 @@ def _in_slurm_step(environ: Mapping[str, str]) -> bool:
     return "SLURM_PROCID" in environ and environ.get("ENVIRONMENT") != "BATCH"
 
 
-def _master(environ: Mapping[str, str], slurm: _SlurmJob, fallback: str = "",
-            fallback_source: str = "no launcher variable names rank 0's host") -> tuple[str, str]:
+def _slurm_layout(environ: Mapping[str, str], node_rank: int, world: int,
+                  num_nodes: int) -> tuple[list[int], str]:
+    """Tasks on each node of an srun step, and the variable they came from."""
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        if environ.get(name, "").strip():
+            layout = parse_tasks_per_node(environ[name], name)
+            break
+    else:
+        name = "SLURM_NTASKS_PER_NODE"
+        layout = [_int(environ, name, 1) or -(-world // num_nodes)] * num_nodes
+    if node_rank >= len(layout):
+        raise DistEnvError(
+            f"SLURM_NODEID={node_rank} has no entry in "
+            f"{name}={environ.get(name, ','.join(map(str, layout)))!r}")
+    return layout, f"tasks on this node ({name})"
+
+
+def _master(environ: Mapping[str, str], slurm: _SlurmJob, launcher: LauncherVars | None,
+            num_nodes: int) -> tuple[str, str]:
+    """Rank 0's host for torch's rendezvous, and where it came from."""
     if environ.get("MASTER_ADDR", "").strip():
-        return environ["MASTER_ADDR"].strip(), "MASTER_ADDR (set in the environment)"
-    if slurm.master_host:
-        return slurm.master_host, slurm.master_from
-    return fallback, fallback_source
+        by = "set by torchrun" if launcher and launcher.sets_master else "set in the environment"
+        return environ["MASTER_ADDR"].strip(), f"MASTER_ADDR ({by})"
+    if slurm.hosts:
+        return slurm.hosts[0], f"first host of {slurm.hosts_from}"
+    if num_nodes == 1:
+        return "127.0.0.1", "single node"
+    fallback = launcher.master_fallback if launcher else ""
+    if fallback and environ.get(fallback, "").strip():
+        return environ[fallback].strip(), f"{fallback} ({launcher.name}'s host)"
+    return "", "no launcher variable names rank 0's host"
 
 
 def _port(environ: Mapping[str, str], slurm: _SlurmJob) -> tuple[int, str]:
@@ -487,10 +431,6 @@ def _interface(environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _check_ranges(env: DistEnv, names: dict[str, str]) -> DistEnv:
     """Ranks inside their sizes; names maps field -> the variable it came from."""
     pairs = (("rank", "world_size"), ("local_rank", "local_world_size"),
@@ -506,205 +446,144 @@ def _check_ranges(env: DistEnv, names: dict[str, str]) -> DistEnv:
 
 
 # --------------------------------------------------------------------------------------------
-# Detection
+# The launchers: where each one puts each value
+
+
+@dataclass(frozen=True)
+class LauncherVars:
+    """Where one launcher writes each value; the first of several names that is set wins.
+
+    Sizes absent from a launcher's variables are derived by the one builder: local world
+    size from the layout (or the world), node rank as rank // local world size, nodes as
+    world / local world size rounded up.
+    """
+
+    name: Launcher
+    rank: tuple[str, ...]
+    world_size: tuple[str, ...]
+    local_rank: tuple[str, ...]
+    local_world_size: tuple[str, ...]
+    node_rank: tuple[str, ...]
+    num_nodes: tuple[str, ...]
+    restarts: tuple[str, ...] = ()
+    """Its restart counter, read only outside Slurm (SLURM_RESTART_COUNT wins inside)."""
+    sets_master: bool = False
+    """MASTER_ADDR is the launcher's own (torchrun), not a user's export."""
+    master_fallback: str = ""
+    """A variable naming rank 0's host when neither MASTER_ADDR nor Slurm does."""
+    required: tuple[str, ...] = ("rank", "world_size", "local_rank")
+
+
+LAUNCHERS: dict[Launcher, LauncherVars] = {
+    "torchrun": LauncherVars(
+        "torchrun", rank=("RANK",), world_size=("WORLD_SIZE",), local_rank=("LOCAL_RANK",),
+        local_world_size=("LOCAL_WORLD_SIZE",), node_rank=("GROUP_RANK", "NODE_RANK"),
+        num_nodes=("GROUP_WORLD_SIZE",), restarts=("TORCHELASTIC_RESTART_COUNT",),
+        sets_master=True),
+    # horovod/runner/gloo_run.py create_slot_env_vars. The cross rank is the node's index
+    # among the nodes holding this local rank: the node rank when every node runs as many.
+    "horovodrun": LauncherVars(
+        "horovodrun", rank=("HOROVOD_RANK",), world_size=("HOROVOD_SIZE",),
+        local_rank=("HOROVOD_LOCAL_RANK",), local_world_size=("HOROVOD_LOCAL_SIZE",),
+        node_rank=("HOROVOD_CROSS_RANK",), num_nodes=("HOROVOD_CROSS_SIZE",),
+        master_fallback="HOROVOD_GLOO_RENDEZVOUS_ADDR"),
+    # srun's task variables; the SLURM_STEP_* names are the step's own counts, which may be
+    # fewer than the job's. This node's task count comes from the layout (see _slurm_layout).
+    "slurm": LauncherVars(
+        "slurm", rank=("SLURM_PROCID",),
+        world_size=("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
+        local_rank=("SLURM_LOCALID",), local_world_size=(), node_rank=("SLURM_NODEID",),
+        num_nodes=("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+        required=("rank", "world_size", "local_rank", "node_rank")),
+}
+
+
+def _which_launcher(environ: Mapping[str, str]) -> LauncherVars | None:
+    """The launcher that started this process, first match wins (see the module docstring)."""
+    if "TORCHELASTIC_RUN_ID" in environ or all(
+        environ.get(k, "").strip() for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+    ):
+        return LAUNCHERS["torchrun"]
+    if "HOROVOD_RANK" in environ:
+        return LAUNCHERS["horovodrun"]
+    if _job_id(environ) and _in_slurm_step(environ):
+        return LAUNCHERS["slurm"]
+    return None
 
 
 def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
     """The distributed environment of this process, read from `environ` (default os.environ)."""
-    if environ is None:
-        environ = os.environ
-    if "TORCHELASTIC_RUN_ID" in environ or all(
-        environ.get(k, "").strip() for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")
-    ):
-        build = _from_torchrun
-    elif "HOROVOD_RANK" in environ:
-        build = _from_horovodrun
-    elif "OMPI_COMM_WORLD_RANK" in environ:
-        build = _from_open_mpi
-    elif "SLURM_JOB_ID" in environ or "SLURM_JOBID" in environ:
-        build = _from_slurm_task if _in_slurm_step(environ) else _from_slurm_batch_shell
-    else:
-        build = _single_process
-    slurm = _SlurmJob(environ, step_nodes=build is _from_slurm_task)
+    environ = os.environ if environ is None else environ
+    launcher = _which_launcher(environ)
+    slurm = _SlurmJob(environ, step_nodes=launcher is LAUNCHERS["slurm"])
     common: dict[str, Any] = dict(
-        hosts=tuple(slurm.hosts),
-        job_id=slurm.job_id,
-        restart_count=slurm.restart_count,
-        cpus_per_task=slurm.cpus_per_task,
-        network_interface=_interface(environ),
+        hosts=tuple(slurm.hosts), job_id=slurm.job_id, cpus_per_task=slurm.cpus_per_task,
+        network_interface=_interface(environ), job_num_tasks=slurm.num_tasks,
         gloo_socket_ifname=environ.get("GLOO_SOCKET_IFNAME", "").strip() or None,
-        job_num_tasks=slurm.num_tasks,
     )
-    return build(environ, slurm, common)
+    if launcher is None:
+        return _world_of_one(environ, slurm, common)
+    return _from_launcher(launcher, environ, slurm, common)
 
 
-def _single_process(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) -> DistEnv:
-    addr, addr_source = _master(environ, slurm, "127.0.0.1", "single process")
-    port, port_source = _port(environ, slurm)
-    return DistEnv(
-        launcher="none", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
-        num_nodes=1, master_addr=addr, master_port=port, master_addr_source=addr_source,
-        master_port_source=port_source, tasks_per_node=(1,), in_step=False, **common,
-    )
+def _from_launcher(row: LauncherVars, environ: Mapping[str, str], slurm: _SlurmJob,
+                   common: dict[str, Any]) -> DistEnv:
+    """The one builder: read a launcher's variables, derive what it leaves out, check ranges."""
+    came_from: dict[str, str] = {}  # field -> the variable it was read from, for errors
 
+    def read(field: str, minimum: int = 0) -> int | None:
+        for name in getattr(row, field):
+            value = _int(environ, name, minimum)
+            if value is not None:
+                came_from[field] = name
+                return value
+        if field in row.required:
+            raise DistEnvError(f"{row.name} environment without {' or '.join(getattr(row, field))}")
+        return None
 
-def _from_torchrun(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) -> DistEnv:
-    rank = _need(_int(environ, "RANK"), "RANK", "torchrun")
-    world = _need(_int(environ, "WORLD_SIZE", 1), "WORLD_SIZE", "torchrun")
-    local_rank = _int(environ, "LOCAL_RANK")
-    local_world = _int(environ, "LOCAL_WORLD_SIZE", 1)
-    if local_rank is None:
-        local_rank = rank if local_world is None else rank % local_world
-    if local_world is None:
-        local_world = world
-    node_rank = _first_int(environ, ("GROUP_RANK", "NODE_RANK"))
-    if node_rank is None:
-        node_rank = rank // local_world
-    num_nodes = _int(environ, "GROUP_WORLD_SIZE", 1) or _ceil_div(world, local_world)
-    addr, addr_source = _master(environ, slurm)
-    if environ.get("MASTER_ADDR", "").strip():
-        addr_source = "MASTER_ADDR (set by torchrun)"
-    port, port_source = _port(environ, slurm)
-    if slurm.present:
-        restarts = slurm.restart_count
+    rank, world, local_rank = read("rank"), read("world_size", 1), read("local_rank")
+    node_rank, num_nodes = read("node_rank"), read("num_nodes", 1)
+    assert rank is not None and world is not None and local_rank is not None  # required
+    layout: list[int] = []
+    if row.name == "slurm":
+        assert node_rank is not None  # required
+        num_nodes = num_nodes or len(slurm.hosts) or 1
+        layout, came_from["local_world_size"] = _slurm_layout(environ, node_rank, world,
+                                                              num_nodes)
+        local_world = layout[node_rank]
+        gtids = environ.get("SLURM_GTIDS", "").strip()
+        if gtids:  # this node's task ids, which no layout indexing can get wrong
+            if not re.fullmatch(r"\d+(,\d+)*", gtids):
+                raise DistEnvError(f"SLURM_GTIDS={one_line(gtids)!r} is not a list of task ids")
+            local_world = len(gtids.split(","))
+            came_from["local_world_size"] = "tasks on this node (SLURM_GTIDS)"
     else:
-        restarts = _int(environ, "TORCHELASTIC_RESTART_COUNT") or 0
-    common = {**common, "restart_count": restarts}
+        local_world = read("local_world_size", 1) or world
+    node_rank = rank // local_world if node_rank is None else node_rank
+    num_nodes = num_nodes or -(-world // local_world)
+    addr, addr_source = _master(environ, slurm, row, num_nodes)
+    port, port_source = _port(environ, slurm)
+    restarts = slurm.restart_count if slurm.present else read("restarts") or 0
     env = DistEnv(
-        launcher="torchrun", rank=rank, local_rank=local_rank, world_size=world,
+        launcher=row.name, rank=rank, local_rank=local_rank, world_size=world,
         local_world_size=local_world, node_rank=node_rank, num_nodes=num_nodes,
         master_addr=addr, master_port=port, master_addr_source=addr_source,
-        master_port_source=port_source, tasks_per_node=(), **common,
+        master_port_source=port_source, tasks_per_node=tuple(layout),
+        restart_count=restarts, **common,
     )
-    return _check_ranges(env, {"rank": "RANK", "world_size": "WORLD_SIZE",
-                               "local_rank": "LOCAL_RANK", "local_world_size": "LOCAL_WORLD_SIZE",
-                               "node_rank": "GROUP_RANK", "num_nodes": "GROUP_WORLD_SIZE"})
+    return _check_ranges(env, came_from)
 
 
-def _from_horovodrun(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) -> DistEnv:
-    def need(name: str, minimum: int = 0) -> int:
-        return _need(_int(environ, name, minimum), name, "horovodrun")
-
-    rank, size = need("HOROVOD_RANK"), need("HOROVOD_SIZE", 1)
-    local_rank, local_size = need("HOROVOD_LOCAL_RANK"), need("HOROVOD_LOCAL_SIZE", 1)
-    cross_rank = _int(environ, "HOROVOD_CROSS_RANK")
-    cross_size = _int(environ, "HOROVOD_CROSS_SIZE", 1)
-    # Horovod's cross rank is the node index among nodes holding this local rank: the node
-    # index itself when every node runs the same number of processes.
-    node_rank = cross_rank if cross_rank is not None else rank // local_size
-    num_nodes = cross_size if cross_size is not None else _ceil_div(size, local_size)
-    if num_nodes == 1:
-        fallback, fallback_source = "127.0.0.1", "single node (HOROVOD_CROSS_SIZE=1)"
-    else:
-        # The rendezvous server runs where horovodrun runs, normally the first host of -H.
-        fallback = environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "").strip()
-        fallback_source = ("HOROVOD_GLOO_RENDEZVOUS_ADDR (horovodrun's host)" if fallback
-                           else "no launcher variable names rank 0's host")
-    addr, addr_source = _master(environ, slurm, fallback, fallback_source)
-    port, port_source = _port(environ, slurm)
-    env = DistEnv(
-        launcher="horovodrun", rank=rank, local_rank=local_rank, world_size=size,
-        local_world_size=local_size, node_rank=node_rank, num_nodes=num_nodes,
-        master_addr=addr, master_port=port, master_addr_source=addr_source,
-        master_port_source=port_source, **common,
-    )
-    return _check_ranges(env, {"rank": "HOROVOD_RANK", "world_size": "HOROVOD_SIZE",
-                               "local_rank": "HOROVOD_LOCAL_RANK",
-                               "local_world_size": "HOROVOD_LOCAL_SIZE",
-                               "node_rank": "HOROVOD_CROSS_RANK",
-                               "num_nodes": "HOROVOD_CROSS_SIZE"})
-
-
-def _from_open_mpi(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) -> DistEnv:
-    def need(name: str, minimum: int = 0) -> int:
-        return _need(_int(environ, name, minimum), name, "Open MPI")
-
-    rank, size = need("OMPI_COMM_WORLD_RANK"), need("OMPI_COMM_WORLD_SIZE", 1)
-    local_rank = need("OMPI_COMM_WORLD_LOCAL_RANK")
-    local_size = need("OMPI_COMM_WORLD_LOCAL_SIZE", 1)
-    # mpirun maps by slot by default: ranks fill a node before the next. (SLURM_PROCID and
-    # SLURM_NODEID are no help: they number mpirun's daemons, one per node, not the ranks.)
-    node_rank = rank // local_size
-    num_nodes = (_int(environ, "OMPI_MCA_orte_num_nodes", 1)
-                 or (len(slurm.hosts) if slurm.hosts else None)
-                 or _ceil_div(size, local_size))
-    num_nodes = max(num_nodes, node_rank + 1)
-    if num_nodes == 1:
-        fallback, fallback_source = "127.0.0.1", "single node"
-    else:
-        fallback, fallback_source = "", "no launcher variable names rank 0's host"
-    addr, addr_source = _master(environ, slurm, fallback, fallback_source)
-    port, port_source = _port(environ, slurm)
-    env = DistEnv(
-        launcher="mpi", rank=rank, local_rank=local_rank, world_size=size,
-        local_world_size=local_size, node_rank=node_rank, num_nodes=num_nodes,
-        master_addr=addr, master_port=port, master_addr_source=addr_source,
-        master_port_source=port_source, **common,
-    )
-    return _check_ranges(env, {"rank": "OMPI_COMM_WORLD_RANK",
-                               "world_size": "OMPI_COMM_WORLD_SIZE",
-                               "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK",
-                               "local_world_size": "OMPI_COMM_WORLD_LOCAL_SIZE"})
-
-
-def _from_slurm_task(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) -> DistEnv:
-    rank = _need(_int(environ, "SLURM_PROCID"), "SLURM_PROCID", "Slurm task")
-    local_rank = _need(_int(environ, "SLURM_LOCALID"), "SLURM_LOCALID", "Slurm task")
-    node_rank = _need(_int(environ, "SLURM_NODEID"), "SLURM_NODEID", "Slurm task")
-    # srun sets the step's own counts; the SLURM_STEP_* names are unambiguous about it.
-    world_name = next((n for n in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
-                       if _int(environ, n) is not None), None)
-    world = _need(_int(environ, world_name, 1) if world_name else None,
-                  "SLURM_NTASKS (or SLURM_NPROCS)", "Slurm task")
-    nodes_name = next((n for n in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
-                       if _int(environ, n) is not None), None)
-    num_nodes = (_int(environ, nodes_name, 1) if nodes_name else None) or len(slurm.hosts) or 1
-    layout_name = next((n for n in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-                        if environ.get(n, "").strip()), None)
-    if slurm.step_layout is not None:
-        layout, layout_name = slurm.step_layout, "SLURM_TASKS_PER_NODE_HET_GROUP_*"
-    elif layout_name:
-        layout = parse_tasks_per_node(environ[layout_name], layout_name)
-    else:
-        per_node = _int(environ, "SLURM_NTASKS_PER_NODE", 1) or _ceil_div(world, num_nodes)
-        layout, layout_name = [per_node] * num_nodes, "SLURM_NTASKS_PER_NODE"
-    if node_rank >= len(layout):
-        raise DistEnvError(
-            f"SLURM_NODEID={node_rank} has no entry in {layout_name}="
-            f"{environ.get(layout_name, ','.join(map(str, layout)))!r}"
-        )
-    local_world = layout[node_rank]
-    local_world_name = f"tasks on this node ({layout_name})"
-    # SLURM_GTIDS lists the step's tasks on this node, which no layout indexing can get wrong.
-    gtids = environ.get("SLURM_GTIDS", "").strip()
-    if gtids:
-        if not re.fullmatch(r"\d+(,\d+)*", gtids):
-            raise DistEnvError(f"SLURM_GTIDS={one_line(gtids)!r} is not a list of task ids")
-        local_world = len(gtids.split(","))
-        local_world_name = "tasks on this node (SLURM_GTIDS)"
-    addr, addr_source = _master(environ, slurm)
-    port, port_source = _port(environ, slurm)
-    env = DistEnv(
-        launcher="slurm", rank=rank, local_rank=local_rank, world_size=world,
-        local_world_size=local_world, node_rank=node_rank, num_nodes=num_nodes,
-        master_addr=addr, master_port=port, master_addr_source=addr_source,
-        master_port_source=port_source, tasks_per_node=tuple(layout), **common,
-    )
-    return _check_ranges(env, {"rank": "SLURM_PROCID", "world_size": world_name or "SLURM_NTASKS",
-                               "local_rank": "SLURM_LOCALID",
-                               "local_world_size": local_world_name,
-                               "node_rank": "SLURM_NODEID",
-                               "num_nodes": nodes_name or "SLURM_JOB_NUM_NODES"})
-
-
-def _from_slurm_batch_shell(environ: Mapping[str, str], slurm: _SlurmJob, common: dict) -> DistEnv:
-    addr, addr_source = _master(environ, slurm)
+def _world_of_one(environ: Mapping[str, str], slurm: _SlurmJob, common: dict[str, Any]) -> DistEnv:
+    """No launcher: a plain process, or a Slurm batch shell that srun did not start (its
+    `in_step=False` lets check_world say "run it with srun")."""
+    addr, addr_source = _master(environ, slurm, None, 1)
     port, port_source = _port(environ, slurm)
     return DistEnv(
-        launcher="slurm", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
-        num_nodes=1, master_addr=addr or "127.0.0.1", master_port=port,
-        master_addr_source=addr_source if addr else "single process",
-        master_port_source=port_source, in_step=False, tasks_per_node=(1,), **common,
+        launcher="slurm" if slurm.present else "none", rank=0, local_rank=0, world_size=1,
+        local_world_size=1, node_rank=0, num_nodes=1, master_addr=addr, master_port=port,
+        master_addr_source=addr_source, master_port_source=port_source, in_step=False,
+        tasks_per_node=(1,), restart_count=slurm.restart_count, **common,
     )
 
 
