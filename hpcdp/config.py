@@ -228,6 +228,10 @@ class TrainConfig:
     """The watchdog ends a rank that finished no step for hang_factor x the median step time
     (at least hang_floor_s, at most dist_timeout_s), with every rank's stack in RUN_DIR/hang/."""
     hang_floor_s: float = 60.0
+    on_hang: Literal["fail", "requeue"] = "fail"
+    """After the watchdog ended a hung job: fail (the job ends FAILED), or requeue: the batch
+    script resubmits itself excluding the silent ranks' nodes, into the same run folder, which
+    resumes from the newest checkpoint (at most HPCDP_MAX_REQUEUES times)."""
 
     def __post_init__(self) -> None:
         for name in ("lr", "min_lr", "weight_decay", "grad_clip", "checkpoint_every_s",

@@ -221,7 +221,7 @@ def experiment_yaml(experiment: Experiment) -> str:
 CONTINUABLE = ("name", "description", "matrix.", "train.log_interval", "train.eval_interval",
                "train.eval_batches", "train.checkpoint_interval", "train.checkpoint_every_s",
                "train.keep_checkpoints", "train.dist_timeout_s", "train.warmup_log_steps",
-               "train.hang_factor", "train.hang_floor_s")
+               "train.hang_factor", "train.hang_floor_s", "train.on_hang")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, object]:

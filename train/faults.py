@@ -7,6 +7,9 @@ racing a signal against a run that may already have finished. Forms:
     pause@STEP          after STEP, every rank waits (up to PAUSE_LIMIT_S) for a stop signal
     kill@STEP[:RANK]    after STEP, before its checkpoint, the rank SIGKILLs itself (a hard kill)
     hang@STEP[:RANK]    after STEP, the rank SIGSTOPs itself (a hung rank); RANK defaults to 0
+
+kill and hang fire once per run folder (a marker file records it), so that the job that
+resumes the run (requeued, or resubmitted by `train.on_hang: requeue`) carries on.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from hpcdp.errors import UsageError
 
@@ -32,11 +36,16 @@ class Fault:
     rank: int = 0
 
     def after_step(self, step: int, rank: int, stop_requested: Callable[[], bool],
-                   keep_alive: Callable[[], None] = lambda: None) -> None:
+                   keep_alive: Callable[[], None] = lambda: None,
+                   fired_marker: Path | None = None) -> None:
         """keep_alive: called while pausing, so that the progress watchdog knows the pause is
-        deliberate."""
+        deliberate. fired_marker: the file that says a kill or hang already fired here."""
         if step != self.step or (self.kind != "pause" and rank != self.rank):
             return
+        if self.kind != "pause" and fired_marker is not None:
+            if fired_marker.exists():
+                return
+            fired_marker.write_text(f"{self.kind}@{self.step}:{self.rank}\n")
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if self.kind == "hang":

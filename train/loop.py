@@ -376,7 +376,8 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None]) -> dict
             log(f"train: step {step} val_loss {last_val:.4f}")
             watchdog.beat()
         if fault:
-            fault.after_step(step, strategy.rank, lambda: stop.name is not None, watchdog.beat)
+            fault.after_step(step, strategy.rank, lambda: stop.name is not None, watchdog.beat,
+                             fired_marker=t.out_dir / ".fault-fired")
         stopping = step < cfg.steps and stop.agreed(strategy, device)
         if step == cfg.steps or stopping or t.checkpoint_due(step):
             t.save(step, metrics)

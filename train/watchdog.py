@@ -7,14 +7,23 @@ no timeout of Horovod's MPI controller bounds), a deadlock, a stuck file system.
 max(hang_factor x median step time, hang_floor_s), never more than dist_timeout_s (which also
 bounds torch's collectives and Horovod's Gloo and stall shutdown), and dist_timeout_s until a
 few steps have given a median.
+
+Every rank records where it runs (RUN_DIR/ranks/rank-R.json: pid, machine, Slurm node) when it
+starts. A rank that fires dumps its own stack; the lowest rank that fired then names the silent
+ranks and their nodes (hang/summary.txt, hang/silent_nodes for the batch script's
+`train.on_hang: requeue`), and reads the silent ranks' stacks with py-spy where it is installed
+and the silent rank runs on the same machine (a stopped process cannot dump its own).
 """
 
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
+import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -23,7 +32,10 @@ from pathlib import Path
 HANG_EXIT = 124
 """Exit code of a rank the watchdog ended (as timeout(1) uses it)."""
 SUMMARY_WAIT_S = 3.0
-"""How long rank 0 waits for the other ranks' dumps before listing who is silent."""
+"""How long a rank that fired waits for the other ranks' dumps before listing who is silent."""
+SUMMARY_DEADLINE_S = 30.0
+"""How long the other ranks stay alive for the summary (srun ends the step when one exits)."""
+PY_SPY_TIMEOUT_S = 10.0
 
 
 class Watchdog:
@@ -36,6 +48,7 @@ class Watchdog:
         self._last = time.monotonic()
         self._step_times: list[float] = []
         self._done = threading.Event()
+        self._record_where_this_rank_runs()
         self._thread = threading.Thread(target=self._watch, name="hpcdp-watchdog", daemon=True)
         self._thread.start()
 
@@ -52,6 +65,18 @@ class Watchdog:
             return self.ceiling_s
         median = statistics.median(self._step_times[-100:])
         return min(self.ceiling_s, max(self.factor * median, self.floor_s))
+
+    def _record_where_this_rank_runs(self) -> None:
+        if self.rank == 0 and self.folder.exists():  # an earlier job's hang: keep it aside
+            n = 1
+            while self.folder.with_name(f"hang.{n}").exists():
+                n += 1
+            self.folder.rename(self.folder.with_name(f"hang.{n}"))
+        ranks = self.folder.parent / "ranks"
+        ranks.mkdir(parents=True, exist_ok=True)
+        where = {"rank": self.rank, "pid": os.getpid(), "machine": socket.gethostname(),
+                 "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname()}
+        (ranks / f"rank-{self.rank}.json").write_text(json.dumps(where) + "\n")
 
     def stop(self) -> None:
         self._done.set()
@@ -74,16 +99,58 @@ class Watchdog:
                 f.write(f"{cause}\npid {os.getpid()}\n\n")
                 f.flush()
                 faulthandler.dump_traceback(file=f, all_threads=True)
-            if self.rank == 0:
-                time.sleep(SUMMARY_WAIT_S)
+            time.sleep(SUMMARY_WAIT_S)
+            if self.rank == min(self._dumped()):
                 self._write_summary(host)
+            else:  # stay until the summary is written: our exit would end the step
+                deadline = time.monotonic() + SUMMARY_DEADLINE_S
+                while not (self.folder / "summary.txt").exists() and time.monotonic() < deadline:
+                    time.sleep(0.2)
         finally:
             os._exit(HANG_EXIT)
 
+    def _dumped(self) -> set[int]:
+        return {int(p.stem.split("-")[1]) for p in self.folder.glob("rank-*.txt")}
+
     def _write_summary(self, host: str) -> None:
-        dumped = {int(p.stem.split("-")[1]) for p in self.folder.glob("rank-*.txt")}
+        dumped = self._dumped()
         silent = [r for r in range(self.world_size) if r not in dumped]
+        where = {r: _where(self.folder.parent / "ranks" / f"rank-{r}.json") for r in silent}
+        nodes = sorted({w["node"] for w in where.values() if w})
+        for rank, w in where.items():
+            out = self.folder / f"rank-{rank}.py-spy.txt"
+            if not w:
+                out.write_text(f"rank {rank} recorded no pid: no stack\n")
+            elif w["machine"] != socket.gethostname():
+                out.write_text(f"rank {rank} runs on {w['machine']}, not on {host} where this "
+                               "was written: py-spy cannot reach it, no stack\n")
+            else:
+                _py_spy(w["pid"], out)
+        (self.folder / "silent_nodes").write_text(",".join(nodes) + "\n" if nodes else "")
         (self.folder / "summary.txt").write_text(
-            f"no progress after step {self.step}; rank 0 on {host} timed out.\n"
+            f"no progress after step {self.step}; rank {self.rank} on {host} wrote this.\n"
             f"ranks with a stack dump: {sorted(dumped)}\n"
-            f"silent ranks (stopped, dead, or stuck where no thread runs): {silent}\n")
+            f"silent ranks (stopped, dead, or stuck where no thread runs): {silent}\n"
+            f"silent nodes: {', '.join(nodes) or '-'}\n")
+
+
+def _where(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _py_spy(pid: int, out: Path) -> None:
+    """A silent rank's stack read from outside (--nonblocking: it works on a stopped process).
+    Where py-spy is missing or ptrace is not allowed, the file says why."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(exe).exists():
+        out.write_text("py-spy is not installed: no stack for this rank\n")
+        return
+    try:
+        done = subprocess.run([exe, "dump", "--pid", str(pid), "--nonblocking"],
+                              capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S)
+        out.write_text(done.stdout + done.stderr)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        out.write_text(f"py-spy failed: {exc}\n")

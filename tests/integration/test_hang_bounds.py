@@ -11,7 +11,9 @@ import sys
 import time
 
 import pytest
-from slurm_jobs import logs, sets, submit, wait_all, wait_for_step
+from slurm_jobs import logs, records, sets, submit, wait_all, wait_for_step
+
+from hpcdp.hostlist import expand_hostlist
 
 pytestmark = pytest.mark.slurm
 
@@ -50,3 +52,60 @@ def test_a_stopped_rank_ends_the_job_failed_within_the_timeout(slurm_cluster, tm
         assert "silent ranks (stopped, dead, or stuck where no thread runs): [1]" in summary
     if len(cells) < len(CELLS):
         pytest.skip("Horovod is not installed: only DDP was checked")
+
+
+def test_on_hang_requeue_resubmits_without_the_silent_node(slurm_cluster, tmp_path):
+    """train.on_hang: requeue. Rank 1 stops after step 3 (once per run folder); the watchdog
+    ends the job, names rank 1's node, and the script submits itself again excluding it. The
+    new job resumes from the step-2 checkpoint and finishes; every step is logged once."""
+    steps = 8
+    job_id, run_dir = submit(
+        tmp_path, "distributed-ps", 2, tmp_path / "requeue",
+        *sets(f"train.steps={steps}", "train.eval_interval=0", "train.checkpoint_interval=2",
+              "train.checkpoint_every_s=0", "train.micro_batch_size=2", "data.corpus=synthetic",
+              f"train.dist_timeout_s={TIMEOUT_S}", "train.hang_floor_s=5",
+              "train.on_hang=requeue"),
+        env={"HPCDP_FAULT": f"hang@{HANG_AT}:1"})
+    first = wait_all([job_id], timeout_s=300)[job_id]
+    assert first.state == "FAILED", f"{first}\n{logs(run_dir)[-3000:]}"
+    # The new job's rank 0 moves this hang folder aside as hang.1 when it starts.
+    hang = next(p for p in (run_dir / "hang", run_dir / "hang.1") if p.exists())
+    silent = (hang / "silent_nodes").read_text().strip()
+    assert silent in expand_hostlist(first.node_list), (silent, first.node_list)
+    new_id = (hang / "resubmitted_as").read_text().strip()
+    assert new_id.isdigit() and new_id != job_id
+    second = wait_all([new_id], timeout_s=300)[new_id]
+    log = logs(run_dir)
+    assert second.state == "COMPLETED", f"{second}\n{log[-3000:]}"
+    assert silent not in expand_hostlist(second.node_list), (silent, second.node_list)
+    assert f"resubmitted as job {new_id} excluding {silent}" in log
+    runs = records(run_dir)
+    assert [r["start_step"] for r in runs if r["kind"] == "header"] == [0, 2]
+    assert max(r["step"] for r in runs if r["kind"] == "step") == steps
+    # The stopped rank's stack, read by py-spy where it runs on rank 0's machine; the local
+    # cluster's nodes are separate machines (own hostname and pids), so here the file says so.
+    stacks = (run_dir / "hang.1" / "rank-1.py-spy.txt").read_text()
+    assert "after_step" in stacks or "py-spy cannot reach it" in stacks, stacks
+
+
+def test_py_spy_reads_the_stack_of_a_stopped_process(tmp_path):
+    """What the watchdog does for a silent rank on its own machine (a stopped process cannot
+    dump its own stack)."""
+    from train.watchdog import _py_spy
+
+    code = ("import os, signal\ndef stopped_here():\n    os.kill(os.getpid(), signal.SIGSTOP)\n"
+            "stopped_here()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while open(f"/proc/{proc.pid}/stat").read().split(") ")[1][0] != "T":
+            assert time.monotonic() < deadline, "the process never stopped"
+            time.sleep(0.05)
+        _py_spy(proc.pid, tmp_path / "stack.txt")
+    finally:
+        proc.kill()
+        proc.wait()
+    text = (tmp_path / "stack.txt").read_text()
+    if "not installed" in text:
+        pytest.skip("py-spy is not installed (it comes with the train extra)")
+    assert "stopped_here" in text, text
