@@ -27,18 +27,23 @@ DEFAULT_CLUSTER = "local"
 DEFAULT_EXPERIMENT = "smoke"
 
 
-def _add_selection(parser: argparse.ArgumentParser, strategy_required: bool = False) -> None:
+def _add_selection(parser: argparse.ArgumentParser, strategy_required: bool = False,
+                   one_cell: bool = True) -> None:
+    """The options that pick profile, experiment and output; one_cell: --strategy, --nodes."""
     parser.add_argument("--cluster", "-c", default=os.environ.get("HPCDP_CLUSTER", DEFAULT_CLUSTER),
                         help="cluster profile: a shipped name (local, generic-gpu) or a YAML path "
                              "(default: $HPCDP_CLUSTER or local)")
     parser.add_argument("--experiment", "-e", default=DEFAULT_EXPERIMENT,
                         help="experiment: a shipped name (smoke, paper) or a YAML path")
-    parser.add_argument("--strategy", "-s", required=strategy_required,
-                        help=f"one of {', '.join(strategies.NAMES)} "
-                             f"(or {strategies.alias_hint()}); "
-                             "without it: the experiment's whole matrix")
-    parser.add_argument("--nodes", "-N", type=int,
-                        help="node count (with --strategy; default 1)")
+    if one_cell:
+        parser.add_argument("--strategy", "-s", required=strategy_required,
+                            help=f"one of {', '.join(strategies.NAMES)} "
+                                 f"(or {strategies.alias_hint()}); "
+                                 "without it: the experiment's whole matrix")
+        parser.add_argument("--nodes", "-N", type=int,
+                            help="node count (with --strategy; default 1)")
+    else:
+        parser.set_defaults(strategy=None, nodes=None)
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE",
                         help="override any field, e.g. train.steps=10 or cluster.partition=gpu")
@@ -186,19 +191,60 @@ def cmd_submit(args) -> int:
         print(f"  script: {record['script']}")
         print(f"  log:    {record['log']}")
         print(f"  run:    {record['run_dir']}")
-    if not args.wait:
-        return 0
-    states, ended = submit.follow([r["job_id"] for r in records], timeout_s=args.timeout)
+    return _follow(records, args.timeout) if args.wait else 0
+
+
+def _follow(records: list[dict], timeout: float | None) -> int:
+    """--wait: until every job ends; 0 only when all COMPLETED."""
+    from hpcdp import submit
+
+    states, ended = submit.follow([r["job_id"] for r in records], timeout_s=timeout)
     for record in records:
         job_id, state = record["job_id"], states[record["job_id"]]
         if job_id not in ended:
-            print(f"hpcdp: gave up waiting after {args.timeout:.0f} s: job {job_id} "
+            print(f"hpcdp: gave up waiting after {timeout:.0f} s: job {job_id} "
                   f"({record['strategy']}) is still {state}; it goes on (hpcdp status, "
                   f"scancel {job_id})", file=sys.stderr)
         elif state != "COMPLETED":
             print(f"hpcdp: job {job_id} ({record['strategy']}) ended {state}; "
                   f"see {record['log']}", file=sys.stderr)
     return 0 if all(s == "COMPLETED" for s in states.values()) else 1
+
+
+def cmd_compare(args) -> int:
+    from hpcdp import campaign, render, submit
+
+    profile, experiment = _load(args)
+    plan = campaign.plan(profile, experiment, output_dir=args.out, repeats=args.repeats)
+    if args.dry_run:
+        print(f"# would submit: sbatch {plan.job.script_path}  ({len(plan.cells)} cells; "
+              "nothing written, nothing submitted)")
+        sys.stdout.write(plan.job.text)
+        return 0
+    jobs = [c.job for c in plan.cells]
+    _check_horovod(jobs, profile)
+    _local_cluster_env(profile)
+    _check_partition_fits([plan.job], profile)
+    submit.check_run_dirs_free([plan.job])
+    if args.fresh:
+        campaign.move_aside(plan.folder)
+    else:
+        render.check_continuable(jobs, experiment)
+    take_back = campaign.write(plan, experiment)
+    try:
+        record = submit.submit_job(plan.job, profile.name, experiment.name, label="compare")
+    except UsageError:
+        for undo in take_back.values():
+            undo()
+        raise
+    print(f"submitted job {record['job_id']}: campaign of {len(plan.cells)} cells "
+          f"({experiment.name}) on {plan.job.nodes} node(s)"
+          + (f", order seed {plan.seed}" if plan.seed is not None else ", order as listed"))
+    print(f"  script: {record['script']}")
+    print(f"  log:    {record['log']}")
+    print(f"  run:    {plan.folder}")
+    print(f"  then:   hpcdp harvest {shlex.quote(str(plan.folder))}")
+    return _follow([record], args.timeout) if args.wait else 0
 
 
 def cmd_run(args) -> int:
@@ -339,6 +385,32 @@ def cmd_harvest(args) -> int:
 
 # ------------------------------------------------------------------------------------ parser
 
+def _add_submitting_commands(sub) -> None:
+    """`submit` and `compare`: both render, write and submit through submitit."""
+    p = sub.add_parser("submit", help="render and submit through submitit; --wait to follow")
+    _add_selection(p)
+    p.add_argument("--dry-run", action="store_true", help="print what would be submitted; "
+                                                          "write and submit nothing")
+    p.add_argument("--wait", action="store_true", help="follow the jobs until they end; "
+                                                       "exit 1 unless all COMPLETED")
+    p.add_argument("--timeout", type=positive_float, default=None,
+                   help="stop --wait after N seconds")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("compare", help="one job that runs every cell of the matrix, repeated, "
+                                       "one after another (a fair comparison)")
+    _add_selection(p, one_cell=False)
+    p.add_argument("--repeats", type=positive_int,
+                   help="runs of each cell (default: the experiment's compare.repeats, 3)")
+    p.add_argument("--dry-run", action="store_true", help="print the campaign script; "
+                                                          "write and submit nothing")
+    p.add_argument("--wait", action="store_true", help="follow the job until it ends; "
+                                                       "exit 1 unless COMPLETED")
+    p.add_argument("--timeout", type=positive_float, default=None,
+                   help="stop --wait after N seconds")
+    p.set_defaults(func=cmd_compare)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=CLI_NAME, description="Data-parallel GPT-2 pre-training on Slurm.")
     parser.add_argument("--version", action="version", version=f"hpcdp {__version__}")
@@ -351,15 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stdout", action="store_true", help="print the scripts, write nothing")
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("submit", help="render and submit through submitit; --wait to follow")
-    _add_selection(p)
-    p.add_argument("--dry-run", action="store_true", help="print what would be submitted; "
-                                                          "write and submit nothing")
-    p.add_argument("--wait", action="store_true", help="follow the jobs until they end; "
-                                                       "exit 1 unless all COMPLETED")
-    p.add_argument("--timeout", type=positive_float, default=None,
-                   help="stop --wait after N seconds")
-    p.set_defaults(func=cmd_submit)
+    _add_submitting_commands(sub)
 
     p = sub.add_parser("run", help="train on this machine as local processes, without Slurm")
     _add_selection(p)

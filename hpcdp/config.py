@@ -298,6 +298,24 @@ class Matrix:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CompareConfig:
+    """`hpcdp compare`: every cell of the matrix, repeated, in one allocation."""
+
+    repeats: int = 3
+    """Runs of each (strategy, nodes) cell: medians and intervals need more than one."""
+    order: Literal["shuffled", "as-listed"] = "shuffled"
+    """shuffled: a random order (seed recorded), so that no strategy always runs first or
+    last in the allocation; as-listed: the matrix's order, repeat by repeat."""
+    seed: int | None = None
+    """The shuffle's seed; None: drawn at random and recorded in campaign.json."""
+
+    def __post_init__(self) -> None:
+        _at_least("compare.repeats", self.repeats, 1)
+        if self.seed is not None:
+            _at_least("compare.seed", self.seed, 0)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Experiment:
     name: str = "experiment"
     description: str = ""
@@ -305,6 +323,7 @@ class Experiment:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     matrix: Matrix = field(default_factory=Matrix)
+    compare: CompareConfig = field(default_factory=CompareConfig)
 
     def __post_init__(self) -> None:
         _check(self.name, "experiment name", _NAME_RE, "letters, digits, '.', '_' and '-'")

@@ -161,23 +161,14 @@ def sbatch_directives(profile: ClusterProfile, strategy: StrategySpec, nodes: in
     return lines
 
 
-def render_job(profile: ClusterProfile, experiment: Experiment, strategy: StrategySpec, nodes: int,
-               *, output_dir: str | None = None, script_path: Path | None = None) -> RenderedJob:
-    """Render the script for one (strategy, nodes) cell. Pure: writes nothing."""
-    strategy.check_nodes(nodes)
+def script_context(profile: ClusterProfile, experiment: Experiment, strategy: StrategySpec,
+                   nodes: int, run_dir: Path, name: str) -> dict:
+    """What base.sbatch.j2 reads: the job's size and directives (from `strategy` on `nodes`),
+    the profile's environment, and where the run's files go."""
     tasks = strategy.tasks_per_node(profile.devices_per_node())
-    run_dir = run_dir_for(profile, experiment, strategy, nodes, output_dir)
-    # Each run keeps its own resolved experiment: a later render with other --set values
-    # must not change what a queued or requeued job trains.
-    experiment_file = run_dir / EXPERIMENT_FILE
-    name = job_name(experiment.name, strategy, nodes)
-    _no_newline(str(run_dir), "output directory")
-    _check_path(run_dir / ".submitit" / f".{EXPERIMENT_FILE}.tmp", "output directory")
-    if script_path is not None:
-        _check_path(script_path, "script path")
     # The profile's own env wins over what hpcdp derives from network_interface.
     env_vars = distenv.network_env(profile.network_interface) | dict(profile.env)
-    context = {
+    return {
         "version": __version__,
         "experiment": experiment,
         "strategy": strategy,
@@ -193,13 +184,36 @@ def render_job(profile: ClusterProfile, experiment: Experiment, strategy: Strate
         "workdir": str(Path.cwd()),
         "project_root": str(PROJECT_ROOT),
         "run_dir": str(run_dir),
-        "experiment_file": str(experiment_file),
-        "train_options": _option_lines(
-            train_arguments(strategy, experiment_file, run_dir, nodes * tasks, tasks)),
+        "experiment_file": str(run_dir / EXPERIMENT_FILE),
         # Expanded by the shell in the job: slurm-<job id>.out
         "job_log": slurm.job_log_name("${SLURM_JOB_ID:-manual}"),
     }
-    text = _environment().get_template(strategy.template).render(**context)
+
+
+def render_template(template: str, context: dict) -> str:
+    return _environment().get_template(template).render(**context)
+
+
+def render_job(profile: ClusterProfile, experiment: Experiment, strategy: StrategySpec, nodes: int,
+               *, output_dir: str | None = None, script_path: Path | None = None,
+               run_dir: Path | None = None) -> RenderedJob:
+    """Render the script for one (strategy, nodes) cell. Pure: writes nothing.
+    run_dir: the cell's folder, where not the default under output_dir (a campaign's)."""
+    strategy.check_nodes(nodes)
+    tasks = strategy.tasks_per_node(profile.devices_per_node())
+    run_dir = run_dir or run_dir_for(profile, experiment, strategy, nodes, output_dir)
+    # Each run keeps its own resolved experiment: a later render with other --set values
+    # must not change what a queued or requeued job trains.
+    experiment_file = run_dir / EXPERIMENT_FILE
+    name = job_name(experiment.name, strategy, nodes)
+    _no_newline(str(run_dir), "output directory")
+    _check_path(run_dir / ".submitit" / f".{EXPERIMENT_FILE}.tmp", "output directory")
+    if script_path is not None:
+        _check_path(script_path, "script path")
+    context = script_context(profile, experiment, strategy, nodes, run_dir, name)
+    context["train_options"] = _option_lines(
+        train_arguments(strategy, experiment_file, run_dir, nodes * tasks, tasks))
+    text = render_template(strategy.template, context)
     return RenderedJob(
         strategy=strategy,
         nodes=nodes,
@@ -221,7 +235,8 @@ def experiment_yaml(experiment: Experiment) -> str:
 CONTINUABLE = ("name", "description", "matrix.", "train.log_interval", "train.eval_interval",
                "train.eval_batches", "train.checkpoint_interval", "train.checkpoint_every_s",
                "train.keep_checkpoints", "train.dist_timeout_s", "train.warmup_log_steps",
-               "train.hang_factor", "train.hang_floor_s", "train.on_hang")
+               "train.hang_factor", "train.hang_floor_s", "train.on_hang",
+               "compare.")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, object]:

@@ -77,8 +77,9 @@ def state_file() -> Path:
     return Path(base) / "jobs.jsonl"
 
 
-def submit_job(job: RenderedJob, cluster: str, experiment: str) -> dict:
-    """Submit one rendered (and already written) job; returns its record."""
+def submit_job(job: RenderedJob, cluster: str, experiment: str, label: str | None = None) -> dict:
+    """Submit one rendered (and already written) job; returns its record. label: what
+    `hpcdp status` shows as its strategy (a campaign: "compare")."""
     executor_cls = _executor_class()
     folder = job.run_dir / ".submitit"
     made_folder = not folder.exists()
@@ -104,7 +105,7 @@ def submit_job(job: RenderedJob, cluster: str, experiment: str) -> dict:
     record = {
         "job_id": str(submitted.job_id),
         "experiment": experiment,
-        "strategy": job.strategy.name,
+        "strategy": label or job.strategy.name,
         "nodes": job.nodes,
         "tasks_per_node": job.tasks_per_node,
         "cluster": cluster,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hpcdp import slurm
 from hpcdp.errors import UsageError, did_you_mean, one_line
+from hpcdp.harvest import repeats
 from hpcdp.harvest.read import (
     MetricsLog,
     StepColumns,
@@ -52,6 +53,8 @@ class Harvest:
     target_loss: float | None
     accounting: dict = field(default_factory=dict)
     """{"queried": bool, "available": bool|None, "message": str}."""
+    cells: list = field(default_factory=list)
+    """repeats.Cell per (strategy, nodes, ...) over its finished repeats."""
 
 
 def _job_id(log: MetricsLog, submission: dict) -> str | None:
@@ -168,7 +171,8 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
     results.sort(key=RunResult.key)
     used_target = fill_comparisons(results, target_loss,
                                    name_of=lambda r: short_name(r.run_dir, run_dirs))
-    return Harvest(runs=results, target_loss=used_target, accounting=accounting)
+    return Harvest(runs=results, target_loss=used_target, accounting=accounting,
+                   cells=repeats.cells_of(results))
 
 
 def harvest(paths: list[Path], target_loss: float | None = None, *, query_slurm: bool = True,
@@ -195,12 +199,19 @@ def render(result: Harvest, fmt: str) -> str:
             text += f"\n\ntarget loss for 'time to target': {result.target_loss:.4f}"
         for line in baseline_lines(result.runs):
             text += f"\n{line}"
+        if repeats.has_repeats(result.cells):
+            text += "\n\n" + repeats.render_text(result.cells)
         return text + "\n"
     if fmt == "markdown":
-        return render_markdown(result.runs, result.target_loss) + "\n"
+        text = render_markdown(result.runs, result.target_loss)
+        if repeats.has_repeats(result.cells):
+            text += "\n\n" + repeats.render_text(result.cells, markdown=True)
+        return text + "\n"
     if fmt == "csv":
         return render_csv(result.runs)
-    return render_json(result.runs, result.target_loss, result.accounting)
+    return render_json(result.runs, result.target_loss, result.accounting,
+                       cells=[c.to_dict() for c in result.cells],
+                       verdict=repeats.verdicts(result.cells))
 
 
 def write_outputs(result: Harvest, out_dir: Path, plots: bool = True) -> list[Path]:

@@ -254,8 +254,10 @@ def _fill_group(group: list[RunResult], target_loss: float | None, name_of) -> f
     for runs in same.values():
         chosen = _preferred(runs)
         for r in runs:
-            if r is not chosen:
-                r.notes.append(f"same configuration as {name_of(chosen)}")
+            if r is not chosen:  # a campaign's repeats are meant to be alike
+                what = "repeat of" if Path(r.run_dir).name.startswith("repeat-") else \
+                    "same configuration as"
+                r.notes.append(f"{what} {name_of(chosen)}")
     measured = [r for r in group if r.tokens_per_s is not None]
     baselines = [r for r in measured if r.nodes == 1 and r.strategy == BASELINE_STRATEGY
                  and r.precision == BASELINE_PRECISION]
@@ -412,6 +414,10 @@ def render_csv(results: list[RunResult]) -> str:
 
 
 def render_json(results: list[RunResult], target_loss: float | None,
-                accounting: dict | None = None) -> str:
+                accounting: dict | None = None, cells: list[dict] | None = None,
+                verdict: list[dict] | None = None) -> str:
+    """Every run, and (from harvest/repeats.py) every cell over its repeats and the verdict
+    per node count."""
     return json.dumps({"target_loss": target_loss, "accounting": accounting or {},
-                       "runs": [r.to_dict() for r in results]}, indent=2) + "\n"
+                       "runs": [r.to_dict() for r in results], "cells": cells or [],
+                       "verdict": verdict or []}, indent=2) + "\n"
