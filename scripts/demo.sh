@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The demo: start the local Slurm cluster, submit the smoke experiment (every strategy that fits,
-# on 1 and 2 nodes) with `hpcdp submit`, follow the jobs, then show the comparison table.
-# Where the local cluster cannot start, the same jobs run as local processes, and it says so.
+# The demo: start the local Slurm cluster, run the smoke experiment (every strategy that fits,
+# on 1 and 2 nodes, twice each) as one `hpcdp compare` campaign, whose cells run one after
+# another in one allocation (cells submitted as separate jobs would all run at once on this
+# machine's cores and measure their contention), then show the comparison with its intervals.
+# Where the local cluster cannot start, the same training runs as local processes, and it says so.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -15,12 +17,14 @@ if ! .venv/bin/python -c "import horovod.torch" 2>/dev/null; then
 fi
 
 if "$HPCDP" cluster up; then
-    "$HPCDP" submit --experiment smoke "${sets[@]}" --wait
+    "$HPCDP" compare --experiment smoke --repeats 2 "${sets[@]}" --wait
+    results=runs/smoke/compare
 else
     echo "demo: the local Slurm cluster cannot start here (see the reason above);"
     echo "demo: running the same training as local processes on this machine instead (1 node)"
     "$HPCDP" run --experiment smoke --ranks 2 "${sets[@]}"
+    results=runs/smoke
 fi
 echo
-"$HPCDP" harvest runs/smoke --out runs/smoke/harvest
+"$HPCDP" harvest "$results" --out runs/smoke/harvest
 echo "demo: tables and plots in runs/smoke/harvest/"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpcdp.errors import UsageError
+from hpcdp.harvest import stats
 from hpcdp.harvest.table import RunResult, short_name
 
 
@@ -36,8 +37,9 @@ def _label(r: RunResult, with_nodes: bool) -> str:
 
 
 def throughput_vs_nodes(results: list[RunResult], path: Path) -> Path:
-    """tokens/s against nodes, one line per (strategy, precision, ranks per node); dotted: linear
-    scaling from the 1-node run. Repeated runs of a point are hollow markers off the line."""
+    """tokens/s against nodes, one line per (strategy, precision, ranks per node) through the
+    median of each point's runs, with its 95% interval as error bars where a point has repeats
+    (each repeat a hollow marker); dotted: linear scaling from 1 node."""
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
     groups: dict[tuple, list[RunResult]] = {}
@@ -47,31 +49,33 @@ def throughput_vs_nodes(results: list[RunResult], path: Path) -> Path:
                               []).append(r)
     several_experiments = len({k[0] for k in groups}) > 1
     for (experiment, _strategy, _precision, per_node), runs in groups.items():
-        line_runs: dict[int, RunResult] = {}
+        by_nodes: dict[int, list[float]] = {}
         for r in runs:
-            line_runs.setdefault(r.nodes, r)
-        points = sorted(line_runs.values(), key=lambda r: r.nodes)
-        label = _label(points[0], with_nodes=False)
+            by_nodes.setdefault(r.nodes, []).append(r.tokens_per_s)
+        xs = sorted(by_nodes)
+        ys = [stats.median(by_nodes[n]) for n in xs]
+        intervals = [stats.bootstrap_ci(by_nodes[n]) for n in xs]
+        label = _label(runs[0], with_nodes=False)
         if per_node and per_node > 1:
             label += f", {per_node}/node"
         if several_experiments:
             label = f"{experiment}: {label}"
-        line, = ax.plot([r.nodes for r in points], [r.tokens_per_s for r in points], marker="o",
-                        label=label)
-        repeats = [r for r in runs if line_runs[r.nodes] is not r]
-        if repeats:
-            ax.plot([r.nodes for r in repeats], [r.tokens_per_s for r in repeats], marker="o",
-                    linestyle="none", markerfacecolor="none", color=line.get_color())
-        one = line_runs.get(1)
-        if one is not None and len(points) > 1:
-            xs = [r.nodes for r in points]
-            ax.plot(xs, [one.tokens_per_s * n for n in xs], linestyle=":", color=line.get_color(),
+        # Repeats: the median with its 95% interval as error bars, each repeat a hollow marker.
+        line = ax.errorbar(xs, ys, yerr=[[y - lo for y, (lo, _) in zip(ys, intervals)],
+                                         [hi - y for y, (_, hi) in zip(ys, intervals)]],
+                           marker="o", capsize=3, label=label).lines[0]
+        spread = [(n, v) for n in xs if len(by_nodes[n]) > 1 for v in by_nodes[n]]
+        if spread:
+            ax.plot([n for n, _ in spread], [v for _, v in spread], marker="o", linestyle="none",
+                    markerfacecolor="none", color=line.get_color(), alpha=0.6)
+        if 1 in by_nodes and len(xs) > 1:
+            ax.plot(xs, [ys[0] * n for n in xs], linestyle=":", color=line.get_color(),
                     alpha=0.5)
     nodes = sorted({r.nodes for rs in groups.values() for r in rs})
     if nodes:
         ax.set_xticks(nodes)
     ax.set_xlabel("nodes")
-    ax.set_ylabel("throughput (tokens/s, median of steady steps)")
+    ax.set_ylabel("throughput (tokens/s, median of steady steps; runs: median, 95% CI)")
     ax.set_title("Throughput vs nodes (dotted: linear scaling from 1 node)")
     ax.grid(True, alpha=0.3)
     if groups:

@@ -470,3 +470,52 @@ def test_a_stopped_run_has_one_note_with_or_without_an_interrupted_summary(tmp_p
     for name in ("signalled", "cut"):
         assert "stopped at step 3 of 10" in rows[name].notes, (name, rows[name].notes)
     assert rows["signalled"].state == rows["cut"].state == "INCOMPLETE"
+
+
+# --------------------------------------------------------------------------- repeats
+
+
+def _campaign(tmp_path: Path, tokens: dict[tuple[str, int], list[float]]) -> Path:
+    root = tmp_path / "compare"
+    for (strategy, nodes), values in tokens.items():
+        for k, tps in enumerate(values, start=1):
+            simple_run(root / f"{strategy}-{nodes}n" / f"repeat-{k}", strategy, nodes, nodes,
+                       tps)
+    return root
+
+
+def test_repeats_become_cells_with_intervals_ties_and_a_verdict(tmp_path):
+    root = _campaign(tmp_path, {
+        ("single-gpu", 1): [1000.0, 1010.0, 990.0],
+        ("distributed-ps", 1): [1005.0, 995.0, 1015.0],   # overlaps single-gpu: a tie
+        ("distributed-ps", 2): [1900.0, 1910.0, 1890.0],
+        ("horovod", 2): [1500.0, 1490.0, 1510.0],         # clearly slower on 2 nodes
+    })
+    result = json.loads(harvest.render(harvest.collect([root], query_slurm=False), "json"))
+    cells = {c["cell"]: c for c in result["cells"]}
+    assert set(cells) == {"single-gpu 1n", "distributed-ps 1n", "distributed-ps 2n",
+                          "horovod 2n"}
+    ddp2 = cells["distributed-ps 2n"]
+    assert ddp2["repeats"] == 3 and ddp2["tokens_per_s_median"] == 1900.0
+    low, high = ddp2["tokens_per_s_ci95"]
+    assert 1890.0 <= low <= 1900.0 <= high <= 1910.0
+    assert ddp2["speedup"] == pytest.approx(1.9)
+    assert ddp2["scaling_efficiency"] == pytest.approx(1900 / (2 * 1005))
+    lo, hi = ddp2["scaling_efficiency_ci95"]
+    assert 1890 / (2 * 1015) <= lo <= ddp2["scaling_efficiency"] <= hi <= 1910 / (2 * 995)
+    assert cells["single-gpu 1n"]["tie_with"] == ["distributed-ps 1n"]
+    assert ddp2["tie_with"] == [] and cells["horovod 2n"]["tie_with"] == []
+    verdict = {v["nodes"]: v for v in result["verdict"]}
+    assert verdict[1]["decisive"] is False and "a tie" in verdict[1]["text"]
+    assert (verdict[2]["fastest"], verdict[2]["runner_up"], verdict[2]["decisive"]) == (
+        "distributed-ps 2n", "horovod 2n", True)
+    text = harvest.render(harvest.collect([root], query_slurm=False), "table")
+    assert "Per cell, over repeats" in text and "repeat of distributed-ps-2n/repeat-1" in text
+
+
+def test_single_runs_get_no_repeats_section(tmp_path):
+    root = _campaign(tmp_path, {("single-gpu", 1): [1000.0], ("distributed-ps", 2): [1800.0]})
+    text = harvest.render(harvest.collect([root], query_slurm=False), "table")
+    assert "Per cell, over repeats" not in text
+    cells = json.loads(harvest.render(harvest.collect([root], query_slurm=False), "json"))["cells"]
+    assert [c["repeats"] for c in cells] == [1, 1]
