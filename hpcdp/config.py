@@ -194,6 +194,13 @@ class TrainConfig:
     micro_batch_size: int = 4
     """Sequences per device per forward pass. DataParallel splits micro_batch_size x GPUs."""
     grad_accum_steps: int = 1
+    """Micro-batches per optimizer step (weak scaling); strong scaling derives it per cell."""
+    scaling: Literal["weak", "strong"] = "weak"
+    """weak: micro_batch_size and grad_accum_steps are per replica, so the global batch grows
+    with the world. strong: the global batch is global_batch_size in every cell, and each cell
+    accumulates global_batch_size / (micro_batch_size x replicas) micro-batches."""
+    global_batch_size: int = 0
+    """Sequences per optimizer step over all replicas, with scaling: strong (0: not set)."""
     seq_len: int = 128
     lr: float = 1.5e-4
     min_lr: float = 0.0
@@ -233,6 +240,18 @@ class TrainConfig:
     script resubmits itself excluding the silent ranks' nodes, into the same run folder, which
     resumes from the newest checkpoint (at most HPCDP_MAX_REQUEUES times)."""
 
+    def accum_steps(self, replicas: int) -> int:
+        """Micro-batches per optimizer step for `replicas` data-parallel replicas."""
+        if self.scaling == "weak":
+            return self.grad_accum_steps
+        per_micro_step = self.micro_batch_size * replicas
+        if self.global_batch_size % per_micro_step:
+            raise UsageError(
+                f"train.global_batch_size {self.global_batch_size} (train.scaling=strong) is not "
+                f"a multiple of {per_micro_step} sequences per micro-step (micro_batch_size "
+                f"{self.micro_batch_size} x {replicas} replicas)")
+        return self.global_batch_size // per_micro_step
+
     def __post_init__(self) -> None:
         for name in ("lr", "min_lr", "weight_decay", "grad_clip", "checkpoint_every_s",
                      "hang_factor", "hang_floor_s"):
@@ -250,6 +269,15 @@ class TrainConfig:
                 "need 0 <= min_lr <= lr, lr > 0"
             )
         _at_least("train.keep_checkpoints", self.keep_checkpoints, 1)
+        _at_least("train.global_batch_size", self.global_batch_size, 0)
+        if self.scaling == "strong" and self.global_batch_size % self.micro_batch_size:
+            raise UsageError(
+                f"train.global_batch_size {self.global_batch_size} (train.scaling=strong) must be "
+                f"a positive multiple of train.micro_batch_size {self.micro_batch_size}, e.g. "
+                f"{self.micro_batch_size * 8}")
+        if self.scaling == "strong" and not self.global_batch_size:
+            raise UsageError("train.scaling=strong needs train.global_batch_size (sequences per "
+                             f"optimizer step over all replicas), e.g. {self.micro_batch_size * 8}")
         if self.hang_factor <= 0 or self.hang_floor_s <= 0:
             raise UsageError(f"train.hang_factor {self.hang_factor!r} and train.hang_floor_s "
                              f"{self.hang_floor_s!r} must be above 0")

@@ -194,12 +194,29 @@ def render_template(template: str, context: dict) -> str:
     return _environment().get_template(template).render(**context)
 
 
+def _check_global_batch(profile: ClusterProfile, experiment: Experiment, strategy: StrategySpec,
+                        nodes: int) -> None:
+    """Strong scaling: refuse a cell whose replicas do not divide the global batch, before
+    anything is written, naming the node counts that would."""
+    cfg = experiment.train
+    per_node = strategy.replicas_per_node(profile.gpus_per_node, profile.devices_per_node())
+    try:
+        cfg.accum_steps(nodes * per_node)
+    except UsageError as exc:
+        fits = [n for n in range(1, max(16, nodes) + 1)
+                if cfg.global_batch_size % (cfg.micro_batch_size * n * per_node) == 0
+                and (strategy.max_nodes is None or n <= strategy.max_nodes)]
+        raise UsageError(f"{strategy.name} on {nodes} node(s): {exc}; node counts that work: "
+                         f"{', '.join(map(str, fits)) or 'none'}") from None
+
+
 def render_job(profile: ClusterProfile, experiment: Experiment, strategy: StrategySpec, nodes: int,
                *, output_dir: str | None = None, script_path: Path | None = None,
                run_dir: Path | None = None) -> RenderedJob:
     """Render the script for one (strategy, nodes) cell. Pure: writes nothing.
     run_dir: the cell's folder, where not the default under output_dir (a campaign's)."""
     strategy.check_nodes(nodes)
+    _check_global_batch(profile, experiment, strategy, nodes)
     tasks = strategy.tasks_per_node(profile.devices_per_node())
     run_dir = run_dir or run_dir_for(profile, experiment, strategy, nodes, output_dir)
     # Each run keeps its own resolved experiment: a later render with other --set values

@@ -70,6 +70,12 @@ class StrategySpec:
             return min(1, gpus_on_node)
         return gpus_on_node
 
+    def replicas_per_node(self, gpus_on_node: int, devices_per_node: int) -> int:
+        """Data-parallel replicas on each node: one per process, or DataParallel's GPUs."""
+        if self.uses_all_node_devices:
+            return max(1, gpus_on_node)
+        return self.tasks_per_node(devices_per_node)
+
     def check_nodes(self, nodes: int) -> None:
         if nodes < 1:
             raise UsageError(f"--nodes {nodes}: the number of nodes must be 1 or more")

@@ -339,21 +339,26 @@ def open_data(exp: Experiment) -> TokenData:
 class Batches:
     """Random windows of seq_len + 1 tokens, sampled over the global batch.
 
-    Micro-batch number p draws batch_size * world_size start offsets from
-    np.random.default_rng([seed, split_id, p]); rank r takes [r*batch_size:(r+1)*batch_size]
-    and reads only those windows. Sampling is with replacement (no epochs), so the stream
-    depends only on (seed, split, p, global batch): resuming at position p continues it, and
-    any world size with the same global batch sees the same samples.
+    Micro-batch number p is micro-step m = p % accum_steps of optimizer step s = p //
+    accum_steps. Step s draws batch_size * world_size * accum_steps start offsets from
+    np.random.default_rng([seed, split_id, s]); micro-step m of rank r takes slot
+    m * world_size + r (batch_size windows each) and reads only those windows. Sampling is with
+    replacement (no epochs), so the stream depends only on (seed, split, step, global batch):
+    resuming at position p continues it, and any split of one global batch into ranks and
+    micro-steps (strong scaling) trains on the same samples at every step. With one micro-step
+    (accum_steps 1) step and micro-batch are the same number.
     """
 
     def __init__(self, data: TokenData, split: Literal["train", "val"], seq_len: int,
-                 batch_size: int, rank: int, world_size: int, seed: int) -> None:
+                 batch_size: int, rank: int, world_size: int, seed: int,
+                 accum_steps: int = 1) -> None:
         if split not in SPLIT_IDS:
             raise ValueError(f"split {split!r}: valid: {', '.join(SPLIT_IDS)}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
-        if seq_len < 1 or batch_size < 1:
-            raise ValueError(f"seq_len {seq_len} and batch_size {batch_size} must be >= 1")
+        if seq_len < 1 or batch_size < 1 or accum_steps < 1:
+            raise ValueError(f"seq_len {seq_len}, batch_size {batch_size} and accum_steps "
+                             f"{accum_steps} must be >= 1")
         if seed < 0:
             raise UsageError(f"train.seed {seed} must be >= 0")
         self.tokens = data.tokens(split)
@@ -366,15 +371,18 @@ class Batches:
             )
         self.split, self.seq_len, self.batch_size = split, seq_len, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.accum_steps = accum_steps
         self.position = 0
 
     def starts(self, position: int) -> np.ndarray:
         """This rank's window starts for micro-batch `position`."""
-        rng = np.random.default_rng([self.seed, SPLIT_IDS[self.split], position])
+        step, micro = divmod(position, self.accum_steps)
+        rng = np.random.default_rng([self.seed, SPLIT_IDS[self.split], step])
         # high is exclusive: the last start leaves room for seq_len + 1 tokens.
         every = rng.integers(0, len(self.tokens) - self.seq_len,
-                             size=self.batch_size * self.world_size)
-        return every[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+                             size=self.batch_size * self.world_size * self.accum_steps)
+        slot = micro * self.world_size + self.rank
+        return every[slot * self.batch_size:(slot + 1) * self.batch_size]
 
     def next_batch(self):
         """(x, y) LongTensors of shape [batch_size, seq_len]; y is x shifted by one token."""

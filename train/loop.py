@@ -209,13 +209,16 @@ class Training:
     batches: Batches
     batch_size: int
     """Sequences per process per micro-step (micro_batch_size x devices it drives)."""
+    accum_steps: int
+    """Micro-batches per optimizer step: train.grad_accum_steps, or with strong scaling what
+    keeps train.global_batch_size over this job's replicas."""
     start_step: int = 0
     resumed_from: str | None = None
     last_saved: float = dataclasses.field(default_factory=time.monotonic)
 
     @property
     def global_batch(self) -> int:
-        return self.batch_size * self.exp.train.grad_accum_steps * self.strategy.world_size
+        return self.batch_size * self.accum_steps * self.strategy.world_size
 
     @property
     def tokens_per_step(self) -> int:
@@ -261,7 +264,7 @@ class Training:
         """What the data stream's position means: sequences drawn per micro-step over all
         ranks, and micro-steps per optimizer step. A resumed run must draw the same."""
         return {"sequences_per_micro_step": self.batch_size * self.strategy.world_size,
-                "grad_accum_steps": self.exp.train.grad_accum_steps}
+                "grad_accum_steps": self.accum_steps}
 
 
 def setup(exp: Experiment, spec: registry.StrategySpec, strategy: Strategy, out_dir: Path,
@@ -281,17 +284,19 @@ def setup(exp: Experiment, spec: registry.StrategySpec, strategy: Strategy, out_
     # After initialisation each rank draws its own dropout masks.
     torch.manual_seed(cfg.seed + 1 + strategy.rank)
     batch_size = cfg.micro_batch_size * strategy.devices_per_process
+    accum_steps = cfg.accum_steps(strategy.world_size * strategy.devices_per_process)
     batches = Batches(data, "train", cfg.seq_len, batch_size, strategy.rank,
-                      strategy.world_size, cfg.seed)
+                      strategy.world_size, cfg.seed, accum_steps)
     training = Training(exp=exp, spec=spec, strategy=strategy, out_dir=out_dir, data=data,
                         precision=precision, raw_model=raw_model, model=model,
-                        optimizer=optimizer, batches=batches, batch_size=batch_size)
+                        optimizer=optimizer, batches=batches, batch_size=batch_size,
+                        accum_steps=accum_steps)
     if resume:
         _resume(training, log)
     if cfg.compile:
         training.model = torch.compile(training.model)
     training.model, training.optimizer = strategy.wrap(training.model, training.optimizer,
-                                                       cfg.grad_accum_steps)
+                                                       training.accum_steps)
     training.model.train()
     return training
 
@@ -333,8 +338,8 @@ def header(t: Training, env: distenv.DistEnv) -> dict[str, Any]:
         device_name=t.device_name,
         devices_per_process=strategy.devices_per_process, model_preset=t.exp.model.preset,
         n_params=count_params(t.raw_model), seq_len=cfg.seq_len,
-        micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps,
-        global_batch_size=t.global_batch, tokens_per_step=t.tokens_per_step,
+        micro_batch_size=cfg.micro_batch_size, grad_accum_steps=t.accum_steps,
+        scaling=cfg.scaling, global_batch_size=t.global_batch, tokens_per_step=t.tokens_per_step,
         flops_per_token=t.flops_per_token,
         peak_flops_per_device=t.peak_flops_per_device,
         start_step=t.start_step, resumed_from=t.resumed_from, slurm_job_id=env.job_id,
@@ -361,7 +366,7 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None]) -> dict
         lr = lr_at(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps,
                    total_steps=cfg.steps)
         result = train_step(t.model, t.optimizer, t.batches, strategy, t.precision,
-                            accum_steps=cfg.grad_accum_steps, grad_clip=cfg.grad_clip, lr=lr)
+                            accum_steps=t.accum_steps, grad_clip=cfg.grad_clip, lr=lr)
         _sync(device)
         step += 1
         throughput.step_done(time.perf_counter() - t0)

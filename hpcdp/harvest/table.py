@@ -43,6 +43,8 @@ class RunResult:
     strategy: str | None
     nodes: int | None
     world_size: int | None
+    global_batch: int | None
+    """Sequences per optimizer step over all replicas (header global_batch_size)."""
     precision: str | None
     device: str | None
     communication: str | None
@@ -167,6 +169,8 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         run_dir=str(run_dir), experiment=header.get("experiment"),
         strategy=header.get("strategy"), nodes=header.get("nodes"),
         world_size=header.get("world_size"), precision=header.get("precision"),
+        global_batch=header.get("global_batch_size") if isinstance(
+            header.get("global_batch_size"), int) else None,
         device=header.get("device"), communication=header.get("communication"), job_id=None,
         state="UNKNOWN", state_source="log",
         exit_code=None, steps=len(order), last_step=step_of[order[-1]] if order else None,
@@ -280,25 +284,39 @@ def _fill_group(group: list[RunResult], target_loss: float | None, name_of) -> f
         ref = one_node_reference(r)
         if ref is not None and r.nodes:
             r.scaling_efficiency = r.tokens_per_s / (r.nodes * ref.tokens_per_s)
-    if target_loss is None:
-        finals = [r.final_loss for r in group if r.final_loss is not None]
-        target_loss = max(finals) if finals else None
-    if target_loss is not None:
-        for r in group:
-            r.target_loss = target_loss
+    # Time to a loss compares like with like only at one global batch: another batch solves
+    # another optimisation problem. Each global batch gets its own default target.
+    first = None
+    for batch in dict.fromkeys(r.global_batch for r in group):
+        alike = [r for r in group if r.global_batch == batch]
+        target = target_loss
+        if target is None:
+            finals = [r.final_loss for r in alike if r.final_loss is not None]
+            target = max(finals) if finals else None
+        first = target if first is None else first
+        for r in alike if target is not None else []:
+            r.target_loss = target
             for i, loss in enumerate(r.curve_loss):
-                if loss <= target_loss:
+                if loss <= target:
                     r.time_to_target_s, r.step_to_target = r.curve_time_s[i], r.curve_step[i]
                     break
-    return target_loss
+    return first
 
 
 def baseline_lines(results: list[RunResult]) -> list[str]:
-    """One line per baseline in use, for the foot of the table."""
+    """One line per baseline in use, and how time to target was compared, for the foot of the
+    table."""
     names = list(dict.fromkeys(r.baseline for r in results if r.baseline))
-    return [f"speed-up and efficiency vs 1 GPU are against {name} ({BASELINE_STRATEGY}, "
-            f"{BASELINE_PRECISION}, 1 node; chosen as finished, then most steps)"
-            for name in names]
+    targets = dict.fromkeys((r.global_batch, r.target_loss) for r in results
+                            if r.target_loss is not None)
+    lines = []
+    if len({batch for batch, _ in targets}) > 1:
+        lines.append("time to target compares runs of one global batch only (another batch "
+                     "trains another problem): " + "; ".join(
+                         f"batch {batch}: target {target:.4f}" for batch, target in targets))
+    return lines + [f"speed-up and efficiency vs 1 GPU are against {name} "
+                    f"({BASELINE_STRATEGY}, {BASELINE_PRECISION}, 1 node; chosen as finished, "
+                    "then most steps)" for name in names]
 
 
 # ------------------------------------------------------------------------------ rendering
@@ -309,6 +327,7 @@ COLUMNS: list[tuple[str, str]] = [
     ("strategy", "strategy"),
     ("nodes", "nodes"),
     ("world_size", "world"),
+    ("global_batch", "batch"),
     ("precision", "precision"),
     ("communication", "comm"),
     ("state", "state"),
@@ -365,9 +384,9 @@ def render_table(results: list[RunResult]) -> str:
     cols = _columns(results)
     rows = [[title for _, title in cols]] + [[_cell(r, name) for name, _ in cols] for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    right = {"nodes", "world_size", "steps", "tokens_per_s", "step_time_ms", "speedup",
-             "scaling_efficiency", "efficiency_vs_single", "time_to_target_s", "final_loss",
-             "final_val_loss", "peak_mem_gb", "mfu"}
+    right = {"nodes", "world_size", "global_batch", "steps", "tokens_per_s", "step_time_ms",
+             "speedup", "scaling_efficiency", "efficiency_vs_single", "time_to_target_s",
+             "final_loss", "final_val_loss", "peak_mem_gb", "mfu"}
     out = []
     for row in rows:
         cells = [(c.rjust(w) if name in right else c.ljust(w))
@@ -393,7 +412,8 @@ def render_markdown(results: list[RunResult], target_loss: float | None = None) 
     return "\n".join(lines)
 
 
-CSV_FIELDS = ["run_dir", "experiment", "strategy", "nodes", "world_size", "precision", "device",
+CSV_FIELDS = ["run_dir", "experiment", "strategy", "nodes", "world_size", "global_batch",
+              "precision", "device",
               "communication", "job_id", "state", "state_source", "exit_code", "steps", "last_step",
               "planned_steps", "segments", "restarts", "corrupt_lines", "truncated",
               "tokens_per_s", "step_time_s", "steady_steps", "speedup", "scaling_efficiency",

@@ -96,3 +96,27 @@ def test_a_requeued_campaign_skips_finished_cells(slurm_cluster, tmp_path):
     result = _harvest(folder)
     assert sorted(c["repeats"] for c in result["cells"]) == [2, 2]
     assert all(r["steps"] == 30 for r in result["runs"])  # steps counted once, resumed or not
+
+
+LOSS_RTOL = 1e-4
+"""Strong scaling: 1, 2 and 4 nodes train on the same samples with the same global batch; only
+the summation order of the gradient average differs (measured here: under 1e-6)."""
+
+
+def test_strong_scaling_gives_one_global_batch_and_the_same_losses(slurm_cluster, tmp_path):
+    _, folder = _compare(tmp_path, "--repeats", "1", *sets(
+        "matrix.strategies=[distributed-ps]", "matrix.nodes=[1,2,4]", "compare.order=as-listed",
+        "train.scaling=strong", "train.global_batch_size=32", "train.steps=8",
+        "train.eval_interval=0", "train.checkpoint_interval=0"), wait=True)
+    losses, headers = {}, {}
+    for n in (1, 2, 4):
+        run = folder / f"distributed-ps-{n}n" / "repeat-1" / "metrics.jsonl"
+        records = [json.loads(line) for line in run.read_text().splitlines()]
+        headers[n] = next(r for r in records if r["kind"] == "header")
+        losses[n] = [r["loss"] for r in records if r["kind"] == "step"]
+    assert {h["global_batch_size"] for h in headers.values()} == {32}
+    assert [headers[n]["grad_accum_steps"] for n in (1, 2, 4)] == [4, 2, 1]
+    assert all(h["scaling"] == "strong" for h in headers.values())
+    for n in (2, 4):
+        assert len(losses[n]) == len(losses[1]) == 8
+        assert losses[n] == pytest.approx(losses[1], rel=LOSS_RTOL), n

@@ -40,6 +40,10 @@ def test_aliases_are_canonicalised_in_the_matrix():
     ({"train": {"lr": float("nan")}}, "train.lr nan must be a finite number"),
     ({"model": {"dropout": 1.5}}, "model.dropout 1.5"),
     ({"train": {"amp_backend": "apex", "amp_dtype": "bf16"}}, "fp16 only"),
+    ({"train": {"scaling": "strong"}}, "train.scaling=strong needs train.global_batch_size"),
+    ({"train": {"scaling": "strong", "global_batch_size": 12}}, "multiple of train.micro_batch"),
+    ({"train": {"scaling": "linear"}}, "weak, strong"),
+    ({"compare": {"repeats": 0}}, "compare.repeats 0 must be >= 1"),
 ])
 def test_impossible_experiments_name_field_and_value(over, fragment):
     with pytest.raises(UsageError, match=None) as info:
@@ -76,3 +80,25 @@ def test_unquoted_slurm_times_stay_times(tmp_path, text):
     assert config.load_profile(str(path)).time_limit == text
     cluster, _ = config.split_overrides([f"cluster.time_limit={text}"])
     assert config.load_profile("local", cluster).time_limit == text
+
+
+def test_strong_scaling_derives_the_accumulation_per_replica_count():
+    exp = config.load_experiment("smoke", {"train": {"scaling": "strong",
+                                                     "global_batch_size": 32}})
+    assert [exp.train.accum_steps(n) for n in (1, 2, 4)] == [4, 2, 1]
+    with pytest.raises(UsageError, match="not a multiple of 24 sequences per micro-step"):
+        exp.train.accum_steps(3)
+    weak = config.load_experiment("smoke", {"train": {"grad_accum_steps": 3}})
+    assert [weak.train.accum_steps(n) for n in (1, 2, 4)] == [3, 3, 3]
+
+
+def test_a_node_count_that_does_not_divide_the_global_batch_is_refused_naming_those_that_do():
+    from hpcdp import render, strategies
+
+    profile = config.load_profile("local")
+    exp = config.load_experiment("smoke", {"train": {"scaling": "strong",
+                                                     "global_batch_size": 32}})
+    with pytest.raises(UsageError, match=r"distributed-ps on 3 node\(s\).*node counts that "
+                                         r"work: 1, 2, 4$"):
+        render.render_job(profile, exp, strategies.get("ddp"), 3)
+    render.render_job(profile, exp, strategies.get("ddp"), 4)  # 4 replicas x 8 = 32: fine

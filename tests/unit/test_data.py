@@ -316,6 +316,24 @@ def test_one_rank_of_8_equals_two_ranks_of_4_and_four_ranks_of_2(data):
     assert not torch.equal(x1[:4], x1[4:])  # the ranks' halves differ
 
 
+def test_one_global_batch_split_into_ranks_or_micro_steps_gives_the_same_samples(data):
+    """Strong scaling: 1 rank x 4 micro-steps, 2 x 2 and 4 x 1 train on the same sequences at
+    every optimizer step (micro-step m of rank r takes slot m * world + r)."""
+    layouts = {(world, 4 // world): [Batches(data, "train", 16, 2, rank=r, world_size=world,
+                                             seed=3, accum_steps=4 // world)
+                                     for r in range(world)] for world in (1, 2, 4)}
+    for _ in range(3):  # optimizer steps
+        seen = {}
+        for (world, accum), ranks in layouts.items():
+            slots = {}
+            for m in range(accum):
+                for r, b in enumerate(ranks):
+                    slots[m * world + r] = b.next_batch()[0]
+            seen[world] = torch.cat([slots[i] for i in sorted(slots)])
+        assert torch.equal(seen[1], seen[2]) and torch.equal(seen[1], seen[4])
+    assert not torch.equal(seen[1][:2], seen[1][2:4])
+
+
 def test_positions_seeds_and_splits_give_different_samples(data):
     def first(split: str, seed: int, skip: int = 0) -> torch.Tensor:
         b = Batches(data, split, 16, 4, 0, 1, seed)

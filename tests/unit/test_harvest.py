@@ -27,10 +27,10 @@ T0 = 1_800_000_000.0  # record times: a fixed epoch, far from "now" unless a tes
 def header(strategy: str, nodes: int, world: int, precision: str = "fp32", *,
            start_step: int = 0, job: str | None = None, restart_count: int = 0,
            warmup_log_steps: int = 2, steps: int = 10, experiment: str = "exp",
-           communication: str | None = None) -> dict:
+           communication: str | None = None, global_batch: int | None = None) -> dict:
     """HAND-WRITTEN header record (docs/metrics.md), the fields harvest uses."""
     return {"kind": "header", "time": T0, "strategy": strategy, "precision": precision,
-            "communication": communication,
+            "communication": communication, "global_batch_size": global_batch,
             "world_size": world, "nodes": nodes, "tasks_per_node": world // nodes,
             "device": "cpu", "start_step": start_step, "resumed_from": None,
             "slurm_job_id": job, "restart_count": restart_count, "experiment": experiment,
@@ -325,7 +325,7 @@ def test_markdown_and_table(matrix, capsys):
     lines = capsys.readouterr().out.splitlines()
     # header, rule, 4 runs, blank, target, blank, the baseline named
     assert lines[0].startswith("| strategy | nodes |") and len(lines) == 2 + 4 + 2 + 2
-    assert "| distributed-ps | 2 | 4 | fp32 | - | COMPLETED-by-log |" in lines[4]
+    assert "| distributed-ps | 2 | 4 | - | fp32 | - | COMPLETED-by-log |" in lines[4]
     assert lines[-1].startswith("Speed-up and efficiency vs 1 GPU are against ")
     assert harvest.main(_args(str(matrix), "--no-slurm")) == 0
     table = capsys.readouterr().out
@@ -519,3 +519,17 @@ def test_single_runs_get_no_repeats_section(tmp_path):
     assert "Per cell, over repeats" not in text
     cells = json.loads(harvest.render(harvest.collect([root], query_slurm=False), "json"))["cells"]
     assert [c["repeats"] for c in cells] == [1, 1]
+
+
+def test_time_to_target_compares_one_global_batch_only(tmp_path):
+    simple_run(tmp_path / "a", "distributed-ps", 1, 1, 1000.0, global_batch=8,
+               losses=(4.0, 3.5, 3.0, 2.5, 2.2))
+    simple_run(tmp_path / "b", "distributed-ps", 2, 2, 1800.0, global_batch=16,
+               losses=(4.0, 3.4, 2.8, 2.2, 1.8))
+    runs = {Path(r.run_dir).name: r for r in harvest.harvest([tmp_path], query_slurm=False)}
+    assert (runs["a"].global_batch, runs["b"].global_batch) == (8, 16)
+    # Each batch gets its own default target: its own highest final loss.
+    assert (runs["a"].target_loss, runs["b"].target_loss) == (2.2, 1.8)
+    text = harvest.render(harvest.collect([tmp_path], query_slurm=False), "table")
+    assert "time to target compares runs of one global batch only" in text
+    assert "batch 8: target 2.2000; batch 16: target 1.8000" in text
