@@ -35,10 +35,13 @@ class Cell:
     strategy: StrategySpec
     nodes: int
     repeat: int
+    """0 for a network-baseline probe."""
     job: RenderedJob
 
     @property
     def key(self) -> str:
+        if self.repeat == 0:
+            return f"baseline-{self.strategy.name}-{self.nodes}n"
         return f"{self.strategy.name}-{self.nodes}n-r{self.repeat}"
 
 
@@ -47,6 +50,9 @@ class Campaign:
     folder: Path
     cells: list[Cell]
     """In the order the campaign runs them."""
+    probes: list[Cell]
+    """The network baseline, run before every cell: one all-reduce probe per transport and
+    node count of the matrix that communicates."""
     seed: int | None
     job: RenderedJob
     """The campaign script itself (its strategy: the largest cell's, which sizes the job)."""
@@ -56,9 +62,13 @@ class Campaign:
         exp = self.job.experiment_file
         return {"experiment_file": str(exp), "seed": self.seed, "nodes": self.job.nodes,
                 "tasks_per_node": self.job.tasks_per_node,
-                "cells": [{"key": c.key, "strategy": c.strategy.name, "nodes": c.nodes,
-                           "repeat": c.repeat, "tasks_per_node": c.job.tasks_per_node,
-                           "run_dir": str(c.job.run_dir)} for c in self.cells]}
+                "baseline": [_entry(c) for c in self.probes],
+                "cells": [_entry(c) for c in self.cells]}
+
+
+def _entry(c: Cell) -> dict:
+    return {"key": c.key, "strategy": c.strategy.name, "nodes": c.nodes, "repeat": c.repeat,
+            "tasks_per_node": c.job.tasks_per_node, "run_dir": str(c.job.run_dir)}
 
 
 def campaign_folder(profile: ClusterProfile, experiment: Experiment,
@@ -101,8 +111,26 @@ def plan(profile: ClusterProfile, experiment: Experiment, *, output_dir: str | N
         run_dir = folder / f"{strategy.name}-{nodes}n" / f"repeat-{repeat}"
         job = render.render_job(profile, experiment, strategy, nodes, run_dir=run_dir)
         cells.append(Cell(strategy, nodes, repeat, job))
-    return Campaign(folder, cells, seed, _campaign_job(profile, experiment, folder, cells,
-                                                       repeats, seed))
+    probes = _probes(profile, experiment, folder, cells)
+    job = _campaign_job(profile, experiment, folder, probes, cells, repeats, seed)
+    return Campaign(folder, cells, probes, seed, job)
+
+
+def _probes(profile: ClusterProfile, experiment: Experiment, folder: Path,
+            cells: list[Cell]) -> list[Cell]:
+    """One all-reduce probe per transport (DDP's, Horovod's) and node count whose cells send
+    gradients between more than one rank, run as the transport's first strategy."""
+    probes: dict[tuple[str, int], Cell] = {}
+    for c in sorted(cells, key=lambda c: (c.nodes, c.strategy.name)):
+        if not c.strategy.grad_comm or c.nodes * c.job.tasks_per_node < 2:
+            continue
+        key = (c.strategy.mechanism, c.nodes)
+        if key not in probes:
+            run_dir = folder / "baseline" / f"{c.strategy.name}-{c.nodes}n"
+            job = render.render_job(profile, experiment, c.strategy, c.nodes, run_dir=run_dir,
+                                    command="allreduce")
+            probes[key] = Cell(c.strategy, c.nodes, 0, job)
+    return list(probes.values())
 
 
 def _largest(profile: ClusterProfile, cells: list[Cell]) -> Cell:
@@ -114,15 +142,18 @@ def _largest(profile: ClusterProfile, cells: list[Cell]) -> Cell:
 
 
 def _campaign_job(profile: ClusterProfile, experiment: Experiment, folder: Path,
-                  cells: list[Cell], repeats: int, seed: int | None) -> RenderedJob:
+                  probes: list[Cell], cells: list[Cell], repeats: int,
+                  seed: int | None) -> RenderedJob:
     largest = _largest(profile, cells)
+    cells = probes + cells
     name = f"{experiment.name}-compare"
     context = render.script_context(profile, experiment, largest.strategy, largest.nodes,
                                     folder, name)
     context.update(
         cells=[{"key": c.key, "tasks_per_node": c.job.tasks_per_node,
+                "world_size": c.nodes * c.job.tasks_per_node,
                 "script": str(c.job.script_path)} for c in cells],
-        repeats=repeats, order=experiment.compare.order, seed=seed, baseline=[])
+        repeats=repeats, order=experiment.compare.order, seed=seed, probes=len(probes))
     text = render.render_template("campaign.sbatch.j2", context)
     return RenderedJob(strategy=largest.strategy, nodes=largest.nodes,
                        tasks_per_node=largest.job.tasks_per_node, run_dir=folder,
@@ -144,7 +175,8 @@ def move_aside(folder: Path) -> None:
 def write(campaign: Campaign, experiment: Experiment) -> dict:
     """Every cell's files, the campaign script and campaign.json; all or nothing. Returns the
     take-back functions of render.write_jobs."""
-    undo = render.write_jobs([c.job for c in campaign.cells] + [campaign.job], experiment)
+    undo = render.write_jobs([c.job for c in campaign.probes + campaign.cells] + [campaign.job],
+                             experiment)
     path = campaign.folder / CAMPAIGN_FILE
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(campaign.record(), indent=2) + "\n")

@@ -201,6 +201,9 @@ class TrainConfig:
     accumulates global_batch_size / (micro_batch_size x replicas) micro-batches."""
     global_batch_size: int = 0
     """Sequences per optimizer step over all replicas, with scaling: strong (0: not set)."""
+    grad_comm: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """The precision gradients travel in between processes (DDP communication hooks, Horovod's
+    compression); the optimizer still steps on fp32 gradients."""
     seq_len: int = 128
     lr: float = 1.5e-4
     min_lr: float = 0.0
@@ -235,6 +238,9 @@ class TrainConfig:
     """The watchdog ends a rank that finished no step for hang_factor x the median step time
     (at least hang_floor_s, at most dist_timeout_s), with every rank's stack in RUN_DIR/hang/."""
     hang_floor_s: float = 60.0
+    stop_check_s: float = 1.0
+    """How often the ranks agree on a stop signal (one small all-reduce and a host sync): a
+    signal stops every rank within this long plus a step. 0: after every step."""
     on_hang: Literal["fail", "requeue"] = "fail"
     """After the watchdog ended a hung job: fail (the job ends FAILED), or requeue: the batch
     script resubmits itself excluding the silent ranks' nodes, into the same run folder, which
@@ -254,6 +260,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("lr", "min_lr", "weight_decay", "grad_clip", "checkpoint_every_s",
+                     "stop_check_s",
                      "hang_factor", "hang_floor_s"):
             if not math.isfinite(getattr(self, name)):
                 raise UsageError(f"train.{name} {getattr(self, name)!r} must be a finite number")
@@ -281,6 +288,9 @@ class TrainConfig:
         if self.hang_factor <= 0 or self.hang_floor_s <= 0:
             raise UsageError(f"train.hang_factor {self.hang_factor!r} and train.hang_floor_s "
                              f"{self.hang_floor_s!r} must be above 0")
+        if self.stop_check_s < 0:
+            raise UsageError(f"train.stop_check_s {self.stop_check_s!r} must be >= 0 (0: after "
+                             "every step)")
         if self.checkpoint_every_s < 0:
             raise UsageError(f"train.checkpoint_every_s {self.checkpoint_every_s!r} must be "
                              ">= 0 (0 turns time-based checkpoints off)")

@@ -51,12 +51,12 @@ def job_name(experiment: str, strategy: StrategySpec, nodes: int) -> str:
 
 
 def train_arguments(strategy: StrategySpec, experiment_file: Path, run_dir: Path,
-                    world_size: int, tasks_per_node: int) -> list[str]:
+                    world_size: int, tasks_per_node: int, command: str = "run") -> list[str]:
     """`python -m train` arguments of a job: the same for the rendered script and `hpcdp run`.
     Always --resume: a requeued or rerun job continues from its newest checkpoint."""
-    return ["--experiment", str(experiment_file), "--strategy", strategy.name,
-            "--out", str(run_dir), "--resume", "--expect-world", str(world_size),
-            "--expect-tasks-per-node", str(tasks_per_node)]
+    return [*([] if command == "run" else [command]), "--experiment", str(experiment_file),
+            "--strategy", strategy.name, "--out", str(run_dir), "--resume",
+            "--expect-world", str(world_size), "--expect-tasks-per-node", str(tasks_per_node)]
 
 
 def _option_lines(words: list[str]) -> list[str]:
@@ -212,10 +212,12 @@ def _check_global_batch(profile: ClusterProfile, experiment: Experiment, strateg
 
 def render_job(profile: ClusterProfile, experiment: Experiment, strategy: StrategySpec, nodes: int,
                *, output_dir: str | None = None, script_path: Path | None = None,
-               run_dir: Path | None = None) -> RenderedJob:
+               run_dir: Path | None = None, command: str = "run") -> RenderedJob:
     """Render the script for one (strategy, nodes) cell. Pure: writes nothing.
-    run_dir: the cell's folder, where not the default under output_dir (a campaign's)."""
+    run_dir: the cell's folder, where not the default under output_dir (a campaign's).
+    command: what `python -m train` does (run; allreduce: a campaign's network baseline)."""
     strategy.check_nodes(nodes)
+    strategy.check_grad_comm(experiment.train.grad_comm)
     _check_global_batch(profile, experiment, strategy, nodes)
     tasks = strategy.tasks_per_node(profile.devices_per_node())
     run_dir = run_dir or run_dir_for(profile, experiment, strategy, nodes, output_dir)
@@ -229,7 +231,7 @@ def render_job(profile: ClusterProfile, experiment: Experiment, strategy: Strate
         _check_path(script_path, "script path")
     context = script_context(profile, experiment, strategy, nodes, run_dir, name)
     context["train_options"] = _option_lines(
-        train_arguments(strategy, experiment_file, run_dir, nodes * tasks, tasks))
+        train_arguments(strategy, experiment_file, run_dir, nodes * tasks, tasks, command))
     text = render_template(strategy.template, context)
     return RenderedJob(
         strategy=strategy,
@@ -252,7 +254,7 @@ def experiment_yaml(experiment: Experiment) -> str:
 CONTINUABLE = ("name", "description", "matrix.", "train.log_interval", "train.eval_interval",
                "train.eval_batches", "train.checkpoint_interval", "train.checkpoint_every_s",
                "train.keep_checkpoints", "train.dist_timeout_s", "train.warmup_log_steps",
-               "train.hang_factor", "train.hang_floor_s", "train.on_hang",
+               "train.hang_factor", "train.hang_floor_s", "train.on_hang", "train.stop_check_s",
                "compare.")
 
 

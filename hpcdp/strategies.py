@@ -49,6 +49,14 @@ class StrategySpec:
     needs_horovod: bool = False
     """Horovod must be installed where it runs (preflight checks it; the template uses it)."""
     aliases: tuple[str, ...] = ()
+    grad_comm: tuple[str, ...] = ()
+    """Precisions it can send gradients in (train.grad_comm); empty: gradients never travel
+    between processes (one process, or DataParallel inside it), so the setting does not apply."""
+
+    def check_grad_comm(self, grad_comm: str) -> None:
+        if self.grad_comm and grad_comm not in self.grad_comm:
+            raise UsageError(f"train.grad_comm {grad_comm!r}: {self.name} sends gradients in "
+                             f"{', '.join(self.grad_comm)} only")
 
     @property
     def mechanism(self) -> str:
@@ -117,6 +125,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         mixed_precision=False,
         max_nodes=None,
         local_launcher="torchrun",
+        grad_comm=("fp32", "bf16", "fp16"),
         aliases=("ddp", "dps"),
     ),
     StrategySpec(
@@ -127,6 +136,8 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         mixed_precision=False,
         max_nodes=None,
         local_launcher="horovodrun",
+        # Horovod compresses to fp16 only (hvd.Compression.fp16; its ops take no bfloat16).
+        grad_comm=("fp32", "fp16"),
         needs_horovod=True,
         aliases=("hvd",),
     ),
@@ -138,6 +149,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         mixed_precision=True,
         max_nodes=None,
         local_launcher="torchrun",
+        grad_comm=("fp32", "bf16", "fp16"),
         aliases=("ddp-apex", "dps-apex", "ddp-amp"),
     ),
     StrategySpec(
@@ -148,6 +160,8 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         mixed_precision=True,
         max_nodes=None,
         local_launcher="horovodrun",
+        # Horovod compresses to fp16 only (hvd.Compression.fp16; its ops take no bfloat16).
+        grad_comm=("fp32", "fp16"),
         needs_horovod=True,
         aliases=("hvd-apex", "horovod-amp"),
     ),

@@ -1,8 +1,10 @@
-"""python -m train: `prepare` tokenizes an experiment's corpus once; `run` (the default) trains.
+"""python -m train: `prepare` tokenizes an experiment's corpus once; `run` (the default) trains;
+`allreduce` measures the all-reduce of one gradient (hpcdp compare's network baseline).
 
     python -m train prepare --experiment E [--set k=v ...]
     python -m train [run] --experiment E --strategy S --out DIR [--set k=v ...] [--resume]
                     [--expect-world N] [--expect-tasks-per-node N]
+    python -m train allreduce (the same options as run; writes DIR/allreduce.json)
 
 Nothing heavy is imported before the arguments are parsed. Bad input prints one line and exits 2.
 """
@@ -30,13 +32,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m train",
         description=f"GPT-2 pre-training with one of {len(strategies.NAMES)} data-parallel "
                     "strategies. "
-                    "Commands: run (default), prepare.",
+                    "Commands: run (default), prepare, allreduce.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{run,prepare}",
+    sub = parser.add_subparsers(dest="command", metavar="{run,prepare,allreduce}",
                                 parser_class=ArgumentParser)
     prep = sub.add_parser("prepare", help="tokenize the experiment's corpus (once, idempotent)")
     _common(prep)
-    run = sub.add_parser("run", help="train (every process of the job runs this)")
+    _run_options(sub.add_parser("run", help="train (every process of the job runs this)"))
+    _run_options(sub.add_parser("allreduce", help="time the all-reduce of one gradient over "
+                                                  "the strategy's transport (every process)"))
+    return parser
+
+
+def _run_options(run: argparse.ArgumentParser) -> None:
     _common(run)
     run.add_argument("--strategy", required=True, metavar="S",
                      help=f"one of: {', '.join(strategies.NAMES)}")
@@ -48,13 +56,29 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fail at once unless the launcher started N processes in all")
     run.add_argument("--expect-tasks-per-node", type=positive_int, metavar="N",
                      help="fail at once unless this node runs N processes")
-    return parser
+
+
+def _record_exit(out: str, code: int) -> None:
+    """RUN_DIR/ranks/exit-RANK = "JOB CODE": the batch script tells a preemption (every rank
+    stopped after a checkpoint, 143) from one rank failing and srun ending the others (which
+    then stop with 143 too). A rank killed outright writes nothing, which counts as failed."""
+    from pathlib import Path
+
+    from hpcdp import distenv
+
+    try:
+        env = distenv.detect()
+        folder = Path(out) / "ranks"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"exit-{env.rank}").write_text(f"{env.job_id or 'manual'} {code}\n")
+    except (OSError, UsageError) as exc:
+        print(f"train: could not record the exit code: {exc}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `run` is the default command: python -m train --experiment ... trains.
-    if not argv or argv[0] not in ("run", "prepare", "-h", "--help"):
+    if not argv or argv[0] not in ("run", "prepare", "allreduce", "-h", "--help"):
         argv.insert(0, "run")
     try:
         args = build_parser().parse_args(argv)
@@ -68,15 +92,27 @@ def main(argv: list[str] | None = None) -> int:
             prepare(exp)
             return 0
         strategies.get(args.strategy)  # a typo fails before torch loads
+        if args.command == "allreduce":
+            from train.allreduce import measure
+
+            measure(exp, args.strategy, args.out, expect_world=args.expect_world,
+                    expect_tasks_per_node=args.expect_tasks_per_node)
+            return 0
         from train import stop
 
         stop.catch_early()  # before torch loads: a rank signalled while starting must not die
         from train.loop import run
 
-        summary = run(exp, args.strategy, args.out, args.resume, expect_world=args.expect_world,
-                      expect_tasks_per_node=args.expect_tasks_per_node)
-        # Stopped by SIGTERM/SIGUSR1 after a checkpoint: not finished, as 128 + SIGTERM says.
-        return 0 if summary["status"] == "completed" else INTERRUPTED_EXIT
+        code = 1
+        try:
+            summary = run(exp, args.strategy, args.out, args.resume,
+                          expect_world=args.expect_world,
+                          expect_tasks_per_node=args.expect_tasks_per_node)
+            # Stopped by SIGTERM/SIGUSR1 after a checkpoint: not finished, as 128 + SIGTERM.
+            code = 0 if summary["status"] == "completed" else INTERRUPTED_EXIT
+        finally:
+            _record_exit(args.out, code)
+        return code
     except UsageError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code

@@ -7,8 +7,9 @@ racing a signal against a run that may already have finished. Forms:
     pause@STEP          after STEP, every rank waits (up to PAUSE_LIMIT_S) for a stop signal
     kill@STEP[:RANK]    after STEP, before its checkpoint, the rank SIGKILLs itself (a hard kill)
     hang@STEP[:RANK]    after STEP, the rank SIGSTOPs itself (a hung rank); RANK defaults to 0
+    raise@STEP[:RANK]   after STEP, the rank raises an exception (a crashing rank)
 
-kill and hang fire once per run folder (a marker file records it), so that the job that
+kill, hang and raise fire once per run folder (a marker file records it), so that the job that
 resumes the run (requeued, or resubmitted by `train.on_hang: requeue`) carries on.
 """
 
@@ -26,7 +27,7 @@ from hpcdp.errors import UsageError
 
 ENV_VAR = "HPCDP_FAULT"
 PAUSE_LIMIT_S = 120
-_FORM = re.compile(r"(?P<kind>pause|kill|hang)@(?P<step>[1-9][0-9]*)(?::(?P<rank>[0-9]+))?")
+_FORM = re.compile(r"(?P<kind>pause|kill|hang|raise)@(?P<step>[1-9][0-9]*)(?::(?P<rank>[0-9]+))?")
 
 
 @dataclass(frozen=True)
@@ -37,24 +38,29 @@ class Fault:
 
     def after_step(self, step: int, rank: int, stop_requested: Callable[[], bool],
                    keep_alive: Callable[[], None] = lambda: None,
-                   fired_marker: Path | None = None) -> None:
+                   fired_marker: Path | None = None) -> bool:
         """keep_alive: called while pausing, so that the progress watchdog knows the pause is
-        deliberate. fired_marker: the file that says a kill or hang already fired here."""
+        deliberate. fired_marker: the file that says a kill or hang already fired here.
+        True when every rank paused at this step."""
         if step != self.step or (self.kind != "pause" and rank != self.rank):
-            return
+            return False
         if self.kind != "pause" and fired_marker is not None:
             if fired_marker.exists():
-                return
+                return False
             fired_marker.write_text(f"{self.kind}@{self.step}:{self.rank}\n")
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if self.kind == "hang":
             os.kill(os.getpid(), signal.SIGSTOP)
+        if self.kind == "raise":
+            raise RuntimeError(f"{ENV_VAR}={self.kind}@{self.step}:{self.rank}: a crashing rank")
         if self.kind == "pause":
             deadline = time.monotonic() + PAUSE_LIMIT_S
             while not stop_requested() and time.monotonic() < deadline:
                 keep_alive()
                 time.sleep(0.05)
+            return True
+        return False
 
 
 def from_environment(environ: dict[str, str] | None = None) -> Fault | None:
@@ -64,5 +70,5 @@ def from_environment(environ: dict[str, str] | None = None) -> Fault | None:
     match = _FORM.fullmatch(raw)
     if not match:
         raise UsageError(f"{ENV_VAR}={raw!r} is not a fault; valid: pause@STEP, "
-                         "kill@STEP[:RANK], hang@STEP[:RANK]")
+                         "kill@STEP[:RANK], hang@STEP[:RANK], raise@STEP[:RANK]")
     return Fault(kind=match["kind"], step=int(match["step"]), rank=int(match["rank"] or 0))

@@ -32,6 +32,7 @@ from train import checkpoint, faults
 from train.data import Batches, open_data
 from train.metrics import MetricsWriter, peak_flops, step_line
 from train.model import LanguageModel, build_model, count_params, flops_per_token
+from train.phases import NO_TIMER, NoTimer, PhaseTimer
 from train.precision import Precision, make_precision
 from train.stop import StopSignal
 from train.strategies import Strategy, create
@@ -50,23 +51,34 @@ class StepResult:
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Batches,
                strategy: Strategy, precision: Precision, *, accum_steps: int,
-               grad_clip: float, lr: float) -> StepResult:
-    """One optimizer step over `accum_steps` micro-batches."""
+               grad_clip: float, lr: float, timer: PhaseTimer | NoTimer = NO_TIMER
+               ) -> StepResult:
+    """One optimizer step over `accum_steps` micro-batches; `timer` marks its phases."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     device = strategy.device
     total = torch.zeros((), device=device)
+
+    def synchronize() -> None:  # after the last backward: what no computation hides
+        timer.mark("backward")
+        strategy.prepare_unscale(optimizer)
+        timer.mark("sync")
+
+    timer.mark(None)
     for micro in range(accum_steps):
         last = micro == accum_steps - 1
         x, y = batches.next_batch()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        timer.mark("data")
         # Only the last micro-step's backward communicates; the others accumulate locally.
         with contextlib.nullcontext() if last else strategy.no_sync(model):
             with precision.autocast():
                 # .mean(): DataParallel returns one loss per device.
                 loss = model(x, y).mean() / accum_steps
-            precision.backward(loss, optimizer, last=last,
-                               before_unscale=lambda: strategy.prepare_unscale(optimizer))
+            timer.mark("forward")
+            precision.backward(loss, optimizer, last=last, before_unscale=synchronize)
+        if not last:
+            timer.mark("backward")
         total += loss.detach().float()
     # Gradients are now synchronized across ranks and unscaled: the norm is the global one.
     grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -75,6 +87,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     with strategy.optimizer_step_context(optimizer):
         skipped = precision.step(optimizer)
     optimizer.zero_grad()  # set_to_none is the default; Horovod's takes no argument
+    timer.mark("optimizer")
     return StepResult(loss=total, grad_norm=grad_norm, skipped=skipped)
 
 
@@ -295,6 +308,9 @@ def setup(exp: Experiment, spec: registry.StrategySpec, strategy: Strategy, out_
         _resume(training, log)
     if cfg.compile:
         training.model = torch.compile(training.model)
+    if spec.grad_comm:  # only where gradients travel between processes
+        spec.check_grad_comm(cfg.grad_comm)
+        strategy.grad_comm = cfg.grad_comm
     training.model, training.optimizer = strategy.wrap(training.model, training.optimizer,
                                                        training.accum_steps)
     training.model.train()
@@ -346,8 +362,20 @@ def header(t: Training, env: distenv.DistEnv) -> dict[str, Any]:
         restart_count=env.restart_count, hostname=socket.gethostname(),
         experiment=t.exp.name, config=as_dict(t.exp), versions=_versions(),
         threads_per_process=torch.get_num_threads(), launcher=env.launcher,
-        communication=strategy.communication,
+        communication=strategy.communication, grad_comm=strategy.grad_comm,
+        grad_bytes_per_step=_grad_bytes(t.raw_model, strategy.grad_comm),
     )
+
+
+GRAD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def _grad_bytes(model: torch.nn.Module, grad_comm: str) -> int | None:
+    """Bytes of gradient one rank puts into the all-reduce per optimizer step."""
+    if grad_comm not in GRAD_BYTES:
+        return None
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return n * GRAD_BYTES[grad_comm]
 
 
 def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None]) -> dict[str, Any]:
@@ -357,33 +385,36 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None]) -> dict
         f"world {strategy.world_size}, global batch {t.global_batch} x {cfg.seq_len} tokens, "
         f"{count_params(t.raw_model) / 1e6:.2f}M parameters, steps {t.start_step + 1}..{cfg.steps}")
     throughput = Throughput(t, metrics)
-    stop, fault = StopSignal(), faults.from_environment()
+    stop, fault = StopSignal(cfg.stop_check_s), faults.from_environment()
     watchdog = Watchdog(t.out_dir, strategy.rank, strategy.world_size, factor=cfg.hang_factor,
                         floor_s=cfg.hang_floor_s, ceiling_s=cfg.dist_timeout_s)
     step, last_loss, last_val = t.start_step, None, None
+    timer = PhaseTimer(device)
     while step < cfg.steps:
         t0 = time.perf_counter()
         lr = lr_at(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps,
                    total_steps=cfg.steps)
         result = train_step(t.model, t.optimizer, t.batches, strategy, t.precision,
-                            accum_steps=t.accum_steps, grad_clip=cfg.grad_clip, lr=lr)
+                            accum_steps=t.accum_steps, grad_clip=cfg.grad_clip, lr=lr,
+                            timer=timer)
         _sync(device)
+        phases = timer.read()
         step += 1
         throughput.step_done(time.perf_counter() - t0)
         watchdog.beat(step, throughput.times[-1])
         if step % cfg.log_interval == 0 or step == cfg.steps:
             last_loss = strategy.mean(result.loss).item()
-            line = throughput.record(step, result, lr, last_loss)
+            line = throughput.record(step, result, lr, last_loss, phases)
             log(line)
         if step == cfg.steps or (cfg.eval_interval and step % cfg.eval_interval == 0):
             last_val = evaluate(t.model, t.data, t.exp, strategy, t.precision, t.batch_size)
             metrics.write("eval", step=step, val_loss=last_val)
             log(f"train: step {step} val_loss {last_val:.4f}")
             watchdog.beat()
-        if fault:
-            fault.after_step(step, strategy.rank, lambda: stop.name is not None, watchdog.beat,
-                             fired_marker=t.out_dir / ".fault-fired")
-        stopping = step < cfg.steps and stop.agreed(strategy, device)
+        if fault and fault.after_step(step, strategy.rank, lambda: stop.name is not None,
+                                      watchdog.beat, fired_marker=t.out_dir / ".fault-fired"):
+            stop.check_now()  # every rank paused at this step: agree on the stop here
+        stopping = step < cfg.steps and stop.agreed(strategy, device, step, throughput.times[-1])
         if step == cfg.steps or stopping or t.checkpoint_due(step):
             t.save(step, metrics)
             watchdog.beat()
@@ -416,13 +447,17 @@ class Throughput:
     def step_done(self, seconds: float) -> None:
         self.times.append(seconds)
 
-    def record(self, step: int, result: StepResult, lr: float, loss: float) -> str:
+    def record(self, step: int, result: StepResult, lr: float, loss: float,
+               phases: dict[str, float]) -> str:
         """Write the step record; returns the human line."""
         t, dt, device = self.t, self.times[-1], self.t.strategy.device
+        ddp = t.strategy.comm_breakdown()
         tokens_per_s = t.tokens_per_step / dt
         self.metrics.write(
             "step", step=step, loss=loss, lr=lr, grad_norm=result.grad_norm.item(),
-            loss_scale=t.precision.loss_scale(), skipped=result.skipped, step_time_s=dt,
+            loss_scale=t.precision.loss_scale(), skipped=result.skipped, phases_s=phases,
+            ddp_comm_s=ddp, exposed_comm_s=phases["sync"] + (ddp["exposed"] if ddp else 0.0),
+            step_time_s=dt,
             tokens_per_s=tokens_per_s, tokens_seen=step * t.tokens_per_step,
             elapsed_s=time.perf_counter() - self.start,
             max_mem_gb=(torch.cuda.max_memory_allocated(device) / 1e9

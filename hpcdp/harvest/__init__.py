@@ -23,6 +23,7 @@ from hpcdp.harvest import repeats
 from hpcdp.harvest.read import (
     MetricsLog,
     StepColumns,
+    find_baselines,
     find_run_dirs,
     read_metrics,
     read_submission,
@@ -55,6 +56,8 @@ class Harvest:
     """{"queried": bool, "available": bool|None, "message": str}."""
     cells: list = field(default_factory=list)
     """repeats.Cell per (strategy, nodes, ...) over its finished repeats."""
+    baseline: list = field(default_factory=list)
+    """The network-baseline probes of a campaign (allreduce.json records)."""
 
 
 def _job_id(log: MetricsLog, submission: dict) -> str | None:
@@ -171,8 +174,10 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
     results.sort(key=RunResult.key)
     used_target = fill_comparisons(results, target_loss,
                                    name_of=lambda r: short_name(r.run_dir, run_dirs))
-    return Harvest(runs=results, target_loss=used_target, accounting=accounting,
-                   cells=repeats.cells_of(results))
+    cells, baseline = repeats.cells_of(results), find_baselines([Path(p) for p in paths])
+    repeats.attach_baseline(cells, baseline)
+    return Harvest(runs=results, target_loss=used_target, accounting=accounting, cells=cells,
+                   baseline=baseline)
 
 
 def harvest(paths: list[Path], target_loss: float | None = None, *, query_slurm: bool = True,
@@ -199,19 +204,25 @@ def render(result: Harvest, fmt: str) -> str:
             text += f"\n\ntarget loss for 'time to target': {result.target_loss:.4f}"
         for line in baseline_lines(result.runs):
             text += f"\n{line}"
-        if repeats.has_repeats(result.cells):
-            text += "\n\n" + repeats.render_text(result.cells)
-        return text + "\n"
+        return text + _campaign_text(result, markdown=False) + "\n"
     if fmt == "markdown":
         text = render_markdown(result.runs, result.target_loss)
-        if repeats.has_repeats(result.cells):
-            text += "\n\n" + repeats.render_text(result.cells, markdown=True)
-        return text + "\n"
+        return text + _campaign_text(result, markdown=True) + "\n"
     if fmt == "csv":
         return render_csv(result.runs)
     return render_json(result.runs, result.target_loss, result.accounting,
                        cells=[c.to_dict() for c in result.cells],
-                       verdict=repeats.verdicts(result.cells))
+                       verdict=repeats.verdicts(result.cells), baseline=result.baseline)
+
+
+def _campaign_text(result: Harvest, markdown: bool) -> str:
+    """Under the per-run table: the network baseline and the cells over repeats, if any."""
+    text = ""
+    if result.baseline:
+        text += "\n\n" + repeats.render_baseline(result.baseline, markdown)
+    if repeats.has_repeats(result.cells):
+        text += "\n\n" + repeats.render_text(result.cells, markdown)
+    return text
 
 
 def write_outputs(result: Harvest, out_dir: Path, plots: bool = True) -> list[Path]:

@@ -38,9 +38,10 @@ class Segment:
 
 # Step fields harvest uses, in the writer's order. All but "time" are kept as columns; of the
 # times only the newest counts (MetricsLog.last_time), and float() is what reading costs.
-STEP_FIELDS = ("time", "step", "loss", "step_time_s", "tokens_per_s", "elapsed_s", "max_mem_gb",
-               "mfu")
+STEP_FIELDS = ("time", "step", "loss", "exposed_comm_s", "step_time_s", "tokens_per_s",
+               "elapsed_s", "max_mem_gb", "mfu")
 COLUMNS = STEP_FIELDS[1:]
+_ELAPSED = COLUMNS.index("elapsed_s")
 
 
 @dataclass
@@ -52,6 +53,8 @@ class StepColumns:
 
     step: list = field(default_factory=list)
     loss: list = field(default_factory=list)
+    exposed_comm_s: list = field(default_factory=list)
+    """Gradient communication no computation hid (train/phases.py); None in older files."""
     step_time_s: list = field(default_factory=list)
     tokens_per_s: list = field(default_factory=list)
     elapsed_s: list = field(default_factory=list)
@@ -118,7 +121,8 @@ def _loads_fused(line: str) -> dict | None:
 _NUMBER = r"(-?[0-9][0-9.eE+-]*|null)"
 _STEP_LINE = re.compile(
     r'\{"kind": "step", "time": ' + _NUMBER + r', "step": ([0-9]+), "loss": ' + _NUMBER
-    + r', .*"step_time_s": ' + _NUMBER + r', "tokens_per_s": ' + _NUMBER
+    + r', .*?(?:"exposed_comm_s": ' + _NUMBER + r', )?"step_time_s": ' + _NUMBER
+    + r', "tokens_per_s": ' + _NUMBER
     + r', "tokens_seen": [^,]*, "elapsed_s": ' + _NUMBER + r', "max_mem_gb": ' + _NUMBER
     + r', "mfu": ' + _NUMBER + r'\}')
 _STEP_PREFIX = '{"kind": "step"'
@@ -132,9 +136,9 @@ def _num(value) -> float | None:
 
 def _floats(column: tuple[str, ...]) -> list[float | None]:
     """Captured number texts -> floats; "null" (how the writer spells NaN/inf) -> None."""
-    if "null" not in column:
+    if "null" not in column and None not in column:
         return list(map(float, column))
-    return [None if v == "null" else float(v) for v in column]
+    return [None if v in ("null", None) else float(v) for v in column]
 
 
 class _Reader:
@@ -171,7 +175,8 @@ class _Reader:
         c.seg.extend([len(self.log.segments) - 1] * len(matches))
         if newest is not None:
             self.times.append(newest)
-        self._segment_bounds(segment, converted[0][0], converted[0][-1], converted[4][-1])
+        self._segment_bounds(segment, converted[0][0], converted[0][-1],
+                             converted[_ELAPSED][-1])
 
     @staticmethod
     def _segment_bounds(segment: Segment, first: int, last: int, elapsed: float | None) -> None:
@@ -227,7 +232,7 @@ class _Reader:
             for name, value in zip(COLUMNS, values):
                 getattr(c, name).append(value)
             c.seg.append(len(log.segments) - 1)
-            self._segment_bounds(segment, step, step, values[4])
+            self._segment_bounds(segment, step, step, values[_ELAPSED])
         else:
             self.segment()
             if kind == "eval":
@@ -298,6 +303,28 @@ def find_run_dirs(paths: list[Path]) -> list[Path]:
             raise UsageError(f"no {METRICS} found in {str(path)!r} or below; did the runs start? "
                              f"(each run dir gets one from rank 0 of python -m train)")
     return list(found)
+
+
+BASELINE_FILE = "allreduce.json"  # train/allreduce.py's RESULT_FILE
+
+
+def find_baselines(paths: list[Path]) -> list[dict]:
+    """The network-baseline probes (hpcdp compare) under `paths`: each allreduce.json that
+    reads as a mapping with a median time; anything else is skipped."""
+    found = []
+    for path in paths:
+        if not Path(path).is_dir():
+            continue
+        for root, dirs, files in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+            if BASELINE_FILE in files:
+                try:
+                    record = json.loads((Path(root) / BASELINE_FILE).read_text())
+                except (OSError, ValueError):
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("median_s"), (int, float)):
+                    found.append({**record, "path": str(Path(root) / BASELINE_FILE)})
+    return found
 
 
 def read_submission(run_dir: Path) -> dict:

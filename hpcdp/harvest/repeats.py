@@ -35,6 +35,14 @@ class Cell:
     scaling_efficiency: float | None = None
     scaling_efficiency_ci95: tuple[float, float] | None = None
     tie_with: list[str] = field(default_factory=list)
+    allreduce_s: float | None = None
+    """The network baseline's median time for one gradient all-reduce on this transport and
+    world (hpcdp compare), where it was measured."""
+    allreduce_share: float | None = None
+    """allreduce_s / this cell's median step time: the share of a step one un-overlapped
+    gradient all-reduce would take (communication that backward hides does not count)."""
+    exposed_share: float | None = None
+    """Median exposed gradient communication / median step time, over its runs."""
     group: int = 0
     """Index of its comparison group: cells are compared only within one."""
     name: str = ""
@@ -62,7 +70,10 @@ class Cell:
                 "speedup": self.speedup, "speedup_ci95": _pair(self.speedup_ci95),
                 "scaling_efficiency": self.scaling_efficiency,
                 "scaling_efficiency_ci95": _pair(self.scaling_efficiency_ci95),
-                "tie_with": self.tie_with, "runs": [r.run_dir for r in self.runs]}
+                "tie_with": self.tie_with, "allreduce_s": self.allreduce_s,
+                "allreduce_share_of_step": self.allreduce_share,
+                "exposed_comm_share_of_step": self.exposed_share,
+                "runs": [r.run_dir for r in self.runs]}
 
 
 def _pair(interval: tuple[float, float] | None) -> list[float] | None:
@@ -81,6 +92,8 @@ def cells_of(results: list[RunResult]) -> list[Cell]:
             key = (r.strategy, r.nodes, r.world_size, r.precision, r.communication)
             by_key.setdefault(key, Cell(r.experiment, *key, runs=[], group=index)).runs.append(r)
         cells = list(by_key.values())
+        for cell in cells:
+            cell.exposed_share = _exposed_share(cell.runs)
         shorts = [c.short_name() for c in cells]
         for cell in cells:
             cell.name = (cell.short_name() if shorts.count(cell.short_name()) == 1
@@ -90,6 +103,27 @@ def cells_of(results: list[RunResult]) -> list[Cell]:
         _fill_ties(cells)
         out.extend(cells)
     return out
+
+
+def _exposed_share(runs: list[RunResult]) -> float | None:
+    pairs = [(r.exposed_comm_s, r.step_time_s) for r in runs
+             if r.exposed_comm_s is not None and r.step_time_s]
+    if not pairs:
+        return None
+    return stats.median([e for e, _ in pairs]) / stats.median([s for _, s in pairs])
+
+
+def attach_baseline(cells: list[Cell], baseline: list[dict]) -> None:
+    """Each distributed cell's all-reduce time from the probe of its transport and world."""
+    probes = {(b.get("communication") or "", b.get("world_size")): b for b in baseline}
+    for cell in cells:
+        comm = (cell.communication or "").split("/")[0]
+        probe = probes.get((comm, cell.world_size))
+        steps = [r.step_time_s for r in cell.runs if r.step_time_s]
+        if probe and isinstance(probe.get("median_s"), (int, float)):
+            cell.allreduce_s = float(probe["median_s"])
+            if steps:
+                cell.allreduce_share = cell.allreduce_s / stats.median(steps)
 
 
 def _fill_ratios(cells: list[Cell]) -> None:
@@ -140,7 +174,7 @@ def has_repeats(cells: list[Cell]) -> bool:
 
 
 COLUMNS = ("cell", "repeats", "tokens/s median", "95% interval", "min-max", "speed-up",
-           "scaling eff", "ties with")
+           "scaling eff", "exposed comm", "all-reduce / step", "ties with")
 
 
 def _row(c: Cell) -> list[str]:
@@ -156,21 +190,42 @@ def _row(c: Cell) -> list[str]:
             f"{t.minimum:,.0f}-{t.maximum:,.0f}",
             ratio(c.speedup, c.speedup_ci95, percent=False),
             ratio(c.scaling_efficiency, c.scaling_efficiency_ci95, percent=True),
+            "-" if c.exposed_share is None else f"{100 * c.exposed_share:.0f}%",
+            "-" if c.allreduce_share is None else
+            f"{c.allreduce_s * 1e3:.1f} ms = {100 * c.allreduce_share:.0f}%",
             ", ".join(c.tie_with) or "-"]
+
+
+def _grid(rows: list[list[str]], markdown: bool) -> list[str]:
+    """Rows as a markdown table or aligned text (first and last column left, others right)."""
+    n = len(rows[0])
+    if markdown:
+        return (["| " + " | ".join(rows[0]) + " |", "|---|" + "---:|" * (n - 2) + "---|"]
+                + ["| " + " | ".join(row) + " |" for row in rows[1:]])
+    widths = [max(len(row[i]) for row in rows) for i in range(n)]
+    return ["  ".join(cell.ljust(w) if i in (0, n - 1) else cell.rjust(w)
+                      for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
+
+
+BASELINE_COLUMNS = ("transport", "nodes", "world", "MB", "median ms", "algbw GB/s",
+                    "busbw GB/s")
+
+
+def render_baseline(baseline: list[dict], markdown: bool = False) -> str:
+    """The campaign's network baseline: one gradient's all-reduce per transport and world."""
+    rows = [list(BASELINE_COLUMNS)] + [
+        [str(b.get("communication")), str(b.get("nodes")), str(b.get("world_size")),
+         f"{b['bytes'] / 1e6:.1f}", f"{b['median_s'] * 1e3:.2f}", f"{b['algbw_GBps']:.3f}",
+         f"{b['busbw_GBps']:.3f}"]
+        for b in sorted(baseline, key=lambda b: (str(b.get("communication")),
+                                                 b.get("world_size") or 0))]
+    title = "Network baseline (all-reduce of one gradient, median of 10; busbw as nccl-tests):"
+    return "\n".join([title, "", *_grid(rows, markdown)])
 
 
 def render_text(cells: list[Cell], markdown: bool = False) -> str:
     """The per-cell table and one verdict line per node count."""
-    rows = [list(COLUMNS)] + [_row(c) for c in cells]
-    if markdown:
-        lines = ["| " + " | ".join(rows[0]) + " |",
-                 "|---|" + "---:|" * (len(COLUMNS) - 2) + "---|"]
-        lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
-    else:
-        widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-        lines = ["  ".join(cell.ljust(w) if i in (0, len(COLUMNS) - 1) else cell.rjust(w)
-                           for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
-                 for row in rows]
+    lines = _grid([list(COLUMNS)] + [_row(c) for c in cells], markdown)
     verdict_lines = [f"- {v['text']}" for v in verdicts(cells)]
     title = "Per cell, over repeats (median tokens/s, 95% bootstrap interval):"
     return "\n".join([title, "", *lines, "", "Verdict:", *verdict_lines])

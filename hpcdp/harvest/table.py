@@ -29,7 +29,8 @@ COMPARED_SETTINGS = (
     "model.preset", "model.dropout", "model.attention", "data.corpus", "data.tokenizer",
     "data.vocab_size", "train.seq_len", "train.micro_batch_size", "train.grad_accum_steps",
     "train.steps", "train.lr", "train.min_lr", "train.warmup_steps", "train.weight_decay",
-    "train.grad_clip", "train.seed", "train.amp_dtype", "train.compile",
+    "train.grad_clip", "train.seed", "train.amp_dtype", "train.compile", "train.scaling",
+    "train.global_batch_size",
 )
 FINISHED_STATES = ("COMPLETED", "COMPLETED-by-log")
 
@@ -48,7 +49,8 @@ class RunResult:
     precision: str | None
     device: str | None
     communication: str | None
-    """How gradients travelled (header `communication`): gloo, nccl, horovod-mpi, ..."""
+    """How gradients travelled (header `communication`): gloo, nccl, horovod-mpi, ..., with
+    `/bf16` or `/fp16` added when train.grad_comm compressed them."""
     job_id: str | None
     state: str
     state_source: str
@@ -65,11 +67,17 @@ class RunResult:
     tokens_per_s: float | None
     step_time_s: float | None
     steady_steps: int
+    exposed_comm_s: float | None = None
+    """Median gradient communication per step that no computation hid (train/phases.py)."""
     speedup: float | None = None
     scaling_efficiency: float | None = None
     """tokens/s / (nodes x tokens/s of the same strategy and precision on 1 node)."""
     efficiency_vs_single: float | None = None
     """tokens/s / (world_size x tokens/s of single-gpu fp32 on 1 node)."""
+    loss_drift: float | None = None
+    """Largest relative difference of its loss from the parity reference at equal tokens."""
+    parity_reference: str | None = None
+    """The fp32 run of the same global batch its loss is checked against (short name)."""
     target_loss: float | None = None
     time_to_target_s: float | None = None
     step_to_target: int | None = None
@@ -154,6 +162,7 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
     losses = list(map(c.loss.__getitem__, with_loss))
     tps, dts, mfus = present(c.tokens_per_s, timed), present(c.step_time_s, timed), present(
         c.mfu, timed)
+    exposed = present(c.exposed_comm_s, timed)
     mems = present(c.max_mem_gb, order)
     final_val = log.evals[max(log.evals)] if log.evals else None
     if final_val is None and log.summary:
@@ -171,7 +180,7 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         world_size=header.get("world_size"), precision=header.get("precision"),
         global_batch=header.get("global_batch_size") if isinstance(
             header.get("global_batch_size"), int) else None,
-        device=header.get("device"), communication=header.get("communication"), job_id=None,
+        device=header.get("device"), communication=_communication(header), job_id=None,
         state="UNKNOWN", state_source="log",
         exit_code=None, steps=len(order), last_step=step_of[order[-1]] if order else None,
         planned_steps=planned if isinstance(planned, int) else None,
@@ -181,12 +190,20 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
             if isinstance(s.header.get("restart_count"), int)]),
         corrupt_lines=log.corrupt_lines, truncated=log.truncated,
         tokens_per_s=_median(tps), step_time_s=_median(dts), steady_steps=len(steady),
+        exposed_comm_s=_median(exposed),
         final_loss=losses[-1] if losses else None,
         final_val_loss=final_val, peak_mem_gb=max(mems) if mems else None,
         mfu=_median(mfus), curve_step=list(map(step_of.__getitem__, with_loss)),
         curve_time_s=list(map(c.t.__getitem__, with_loss)), curve_loss=losses,
         settings=settings,
     )
+
+
+def _communication(header: dict) -> str | None:
+    comm, grad_comm = header.get("communication"), header.get("grad_comm")
+    if comm and grad_comm in ("bf16", "fp16"):
+        return f"{comm}/{grad_comm}"
+    return comm
 
 
 def state_from_log(result: RunResult, log: MetricsLog, now: float | None = None) -> str:
@@ -284,6 +301,7 @@ def _fill_group(group: list[RunResult], target_loss: float | None, name_of) -> f
         ref = one_node_reference(r)
         if ref is not None and r.nodes:
             r.scaling_efficiency = r.tokens_per_s / (r.nodes * ref.tokens_per_s)
+    _check_loss_parity(group, name_of)
     # Time to a loss compares like with like only at one global batch: another batch solves
     # another optimisation problem. Each global batch gets its own default target.
     first = None
@@ -301,6 +319,42 @@ def _fill_group(group: list[RunResult], target_loss: float | None, name_of) -> f
                     r.time_to_target_s, r.step_to_target = r.curve_time_s[i], r.curve_step[i]
                     break
     return first
+
+
+LOSS_PARITY_RTOL = 0.01
+"""A run whose loss differs from the fp32 reference of its global batch by more than this
+(relative) at any logged step trained different maths (bf16 all-reduce, a bug), not noise:
+with the same samples and seed, fp32 strategies agree within 1e-5 here and bf16 autocast
+within 2e-4."""
+
+
+def _parity_reference(runs: list[RunResult]) -> RunResult | None:
+    plain = [r for r in runs if r.precision == BASELINE_PRECISION and r.curve_loss
+             and (r.communication or "").count("/") == 0]
+    return min(plain, key=lambda r: (r.strategy != BASELINE_STRATEGY, r.nodes or 0,
+                                     r.state not in FINISHED_STATES, r.key()), default=None)
+
+
+def _check_loss_parity(group: list[RunResult], name_of) -> None:
+    """Each run's loss at equal tokens (same global batch: same step) against the fp32
+    reference of its global batch; a drift beyond LOSS_PARITY_RTOL becomes a note."""
+    for batch in dict.fromkeys(r.global_batch for r in group):
+        alike = [r for r in group if r.global_batch == batch]
+        ref = _parity_reference(alike)
+        if ref is None:
+            continue
+        ref_loss = dict(zip(ref.curve_step, ref.curve_loss))
+        for r in alike:
+            common = [(s, loss) for s, loss in zip(r.curve_step, r.curve_loss) if s in ref_loss]
+            if r is ref or not common:
+                continue
+            r.parity_reference = name_of(ref)
+            step, drift = max(((s, abs(loss - ref_loss[s]) / abs(ref_loss[s] or 1.0))
+                               for s, loss in common), key=lambda x: x[1])
+            r.loss_drift = drift
+            if drift > LOSS_PARITY_RTOL:
+                r.notes.append(f"loss drifts {drift:.1%} from {name_of(ref)} at step {step} "
+                               f"(tolerance {LOSS_PARITY_RTOL:.0%}): the maths changed")
 
 
 def baseline_lines(results: list[RunResult]) -> list[str]:
@@ -416,9 +470,10 @@ CSV_FIELDS = ["run_dir", "experiment", "strategy", "nodes", "world_size", "globa
               "precision", "device",
               "communication", "job_id", "state", "state_source", "exit_code", "steps", "last_step",
               "planned_steps", "segments", "restarts", "corrupt_lines", "truncated",
-              "tokens_per_s", "step_time_s", "steady_steps", "speedup", "scaling_efficiency",
-              "efficiency_vs_single", "baseline", "target_loss", "time_to_target_s",
-              "step_to_target",
+              "tokens_per_s", "step_time_s", "steady_steps", "exposed_comm_s", "speedup",
+              "scaling_efficiency",
+              "efficiency_vs_single", "baseline", "loss_drift", "parity_reference",
+              "target_loss", "time_to_target_s", "step_to_target",
               "final_loss", "final_val_loss", "peak_mem_gb", "mfu", "max_rss", "notes"]
 
 
@@ -435,9 +490,9 @@ def render_csv(results: list[RunResult]) -> str:
 
 def render_json(results: list[RunResult], target_loss: float | None,
                 accounting: dict | None = None, cells: list[dict] | None = None,
-                verdict: list[dict] | None = None) -> str:
-    """Every run, and (from harvest/repeats.py) every cell over its repeats and the verdict
-    per node count."""
+                verdict: list[dict] | None = None, baseline: list[dict] | None = None) -> str:
+    """Every run, and (from harvest/repeats.py) every cell over its repeats, the verdict per
+    node count and a campaign's network baseline."""
     return json.dumps({"target_loss": target_loss, "accounting": accounting or {},
                        "runs": [r.to_dict() for r in results], "cells": cells or [],
-                       "verdict": verdict or []}, indent=2) + "\n"
+                       "verdict": verdict or [], "baseline": baseline or []}, indent=2) + "\n"

@@ -57,9 +57,13 @@ def test_one_job_runs_every_cell_in_turn_and_harvest_gives_intervals(slurm_clust
     assert isinstance(record["seed"], int)
     log = (folder / f"slurm-{job_id}.out").read_text()
     started = re.findall(r"cell \d+/\d+ (\S+): starting", log)
-    assert started == [c["key"] for c in record["cells"]]  # the recorded order
+    # The recorded order, after the network baseline (2 nodes: DDP's and Horovod's transport).
+    probes = [c["key"] for c in record["baseline"]]
+    assert sorted(probes) == sorted(f"baseline-{s}-2n" for s in strategies[1:-1].split(",")
+                                    if s in ("distributed-ps", "horovod"))
+    assert started == probes + [c["key"] for c in record["cells"]]
     steps = _steps(job_id)
-    assert len(steps) == len(record["cells"]) and all(s[1] == "COMPLETED" for s in steps)
+    assert len(steps) == len(started) and all(s[1] == "COMPLETED" for s in steps)
     spans = sorted((s[2], s[3]) for s in steps)
     assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
     result = _harvest(folder)
@@ -71,6 +75,9 @@ def test_one_job_runs_every_cell_in_turn_and_harvest_gives_intervals(slurm_clust
         assert cell["repeats"] == 2 and low <= cell["tokens_per_s_median"] <= high
         assert isinstance(cell["tie_with"], list)
     assert sorted(v["nodes"] for v in result["verdict"]) == [1, 2]
+    assert sorted(b["world_size"] for b in result["baseline"]) == [2] * len(probes)
+    assert all(b["busbw_GBps"] > 0 for b in result["baseline"])
+    assert cells["distributed-ps 2n"]["allreduce_s"] > 0  # explained by the baseline
     if not has_horovod:
         pytest.skip("Horovod is not installed: its cells were left out")
 

@@ -109,3 +109,16 @@ def test_py_spy_reads_the_stack_of_a_stopped_process(tmp_path):
     if "not installed" in text:
         pytest.skip("py-spy is not installed (it comes with the train extra)")
     assert "stopped_here" in text, text
+
+
+def test_a_crashing_rank_ends_the_job_failed_at_once(slurm_cluster, tmp_path):
+    """One rank raises; srun stops the other, which checkpoints and exits 143 as it would in
+    a preemption. The script must not take that for one and wait for a requeue."""
+    job_id, run_dir = submit(tmp_path, "distributed-ps", 2, tmp_path / "crash", *SETTINGS,
+                             env={"HPCDP_FAULT": f"raise@{HANG_AT}:1"})
+    info = wait_all([job_id], timeout_s=300)[job_id]
+    log = logs(run_dir)
+    assert info.state == "FAILED", f"{info}\n{log[-3000:]}"
+    assert "a rank failed (not every rank stopped after a checkpoint" in log, log[-3000:]
+    assert "waiting for Slurm to requeue" not in log
+    assert info.elapsed_s is not None and info.elapsed_s < 120, info  # not the 600 s wait

@@ -86,7 +86,12 @@ def test_dry_run_of_the_paper_campaign_prints_it_and_writes_nothing(tmp_path):
     done = _hpcdp(tmp_path, "compare", "--experiment", "paper", "--cluster", "generic-gpu",
                   "--dry-run")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("/job.sbatch") == len(_plan(tmp_path, "generic-gpu", "paper").cells)
+    plan = _plan(tmp_path, "generic-gpu", "paper")
+    assert done.stdout.count("/job.sbatch") == len(plan.cells) + len(plan.probes)
+    # The network baseline: one probe per transport and node count, before the cells.
+    assert sorted(c.key for c in plan.probes) == sorted(
+        f"baseline-{s}-{n}n" for s in ("distributed-ps", "horovod") for n in (1, 2, 4))
+    assert done.stdout.index("baseline-horovod-4n") < done.stdout.index("-r1 ")
     assert "# would submit: sbatch" in done.stdout and "#SBATCH --job-name=paper-compare" in \
         done.stdout
     assert list(tmp_path.iterdir()) == []

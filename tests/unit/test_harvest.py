@@ -13,6 +13,7 @@ import argparse
 import csv
 import io
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,12 @@ T0 = 1_800_000_000.0  # record times: a fixed epoch, far from "now" unless a tes
 def header(strategy: str, nodes: int, world: int, precision: str = "fp32", *,
            start_step: int = 0, job: str | None = None, restart_count: int = 0,
            warmup_log_steps: int = 2, steps: int = 10, experiment: str = "exp",
-           communication: str | None = None, global_batch: int | None = None) -> dict:
+           communication: str | None = None, global_batch: int | None = None,
+           grad_comm: str | None = None) -> dict:
     """HAND-WRITTEN header record (docs/metrics.md), the fields harvest uses."""
     return {"kind": "header", "time": T0, "strategy": strategy, "precision": precision,
             "communication": communication, "global_batch_size": global_batch,
+            "grad_comm": grad_comm,
             "world_size": world, "nodes": nodes, "tasks_per_node": world // nodes,
             "device": "cpu", "start_step": start_step, "resumed_from": None,
             "slurm_job_id": job, "restart_count": restart_count, "experiment": experiment,
@@ -533,3 +536,42 @@ def test_time_to_target_compares_one_global_batch_only(tmp_path):
     text = harvest.render(harvest.collect([tmp_path], query_slurm=False), "table")
     assert "time to target compares runs of one global batch only" in text
     assert "batch 8: target 2.2000; batch 16: target 1.8000" in text
+
+
+def test_a_loss_that_drifts_from_the_fp32_reference_is_flagged(tmp_path):
+    simple_run(tmp_path / "fp32", "distributed-ps", 2, 2, 1800.0, global_batch=16,
+               communication="gloo", losses=(4.0, 3.5, 3.0, 2.5, 2.0))
+    close = (4.0, 3.5, 3.001, 2.501, 2.0)
+    simple_run(tmp_path / "bf16", "distributed-ps", 2, 2, 1900.0, global_batch=16,
+               communication="gloo", losses=close, grad_comm="bf16")
+    simple_run(tmp_path / "broken", "horovod", 2, 2, 1900.0, global_batch=16,
+               communication="horovod-mpi", losses=(4.0, 3.5, 3.0, 2.7, 2.2), grad_comm="fp16")
+    runs = {Path(r.run_dir).name: r for r in harvest.harvest([tmp_path], query_slurm=False)}
+    assert runs["bf16"].communication == "gloo/bf16"
+    assert runs["bf16"].parity_reference == "fp32" and runs["fp32"].loss_drift is None
+    assert runs["bf16"].loss_drift == pytest.approx(0.001 / 2.5)  # the largest, at step 4
+    assert not any("maths changed" in n for n in runs["bf16"].notes)
+    assert runs["broken"].loss_drift == pytest.approx(0.2 / 2.0)
+    assert any("loss drifts 10.0% from fp32 at step 5" in n and "maths changed" in n
+               for n in runs["broken"].notes)
+
+
+def test_the_network_baseline_is_shown_and_explains_each_cell(tmp_path):
+    root = _campaign(tmp_path, {("distributed-ps", 2): [1800.0, 1820.0]})
+    probe = root / "baseline" / "distributed-ps-2n"
+    probe.mkdir(parents=True)
+    (probe / "allreduce.json").write_text(json.dumps({
+        "strategy": "distributed-ps", "communication": None, "nodes": 2, "world_size": 2,
+        "bytes": 2_000_000, "median_s": 0.1, "algbw_GBps": 0.02, "busbw_GBps": 0.02}))
+    (root / "baseline" / "broken").mkdir()
+    (root / "baseline" / "broken" / "allreduce.json").write_text("{not json")
+    result = harvest.collect([root], query_slurm=False)
+    assert [b["median_s"] for b in result.baseline] == [0.1]  # the broken one is skipped
+    cell = result.cells[0]
+    step = statistics.median(r.step_time_s for r in cell.runs)
+    assert cell.allreduce_s == 0.1 and cell.allreduce_share == pytest.approx(0.1 / step)
+    text = harvest.render(result, "table")
+    assert "Network baseline" in text and "2.0" in text and "100.00" in text
+    data = json.loads(harvest.render(result, "json"))
+    assert data["baseline"][0]["busbw_GBps"] == 0.02
+    assert data["cells"][0]["allreduce_share_of_step"] == pytest.approx(0.1 / step)

@@ -34,6 +34,9 @@ class Strategy:
     """How gradients travel: none, gloo, nccl, horovod-mpi, horovod-gloo (for the metrics)."""
     devices_per_process: int = 1
     """Devices one process drives (DataParallel: every visible GPU)."""
+    grad_comm: str = "none"
+    """The precision gradients travel in (train.grad_comm), set before `wrap` for the
+    strategies that send them; "none" where gradients never leave the process."""
     log: Any = print
 
     def __init__(self, log: Any = print) -> None:
@@ -57,6 +60,14 @@ class Strategy:
     def mean(self, tensor: torch.Tensor) -> torch.Tensor:
         """Average over ranks (for logged metrics; every rank must call it)."""
         return tensor
+
+    def all_reduce_(self, tensor: torch.Tensor) -> None:
+        """Sum `tensor` over ranks in place, over the transport gradients use (the network
+        baseline, train/allreduce.py). One process: nothing to do."""
+
+    def comm_breakdown(self) -> dict[str, float] | None:
+        """The wrapper's own measure of its backward communication, where it keeps one."""
+        return None
 
     def prepare_unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Called after the last backward of a step, before unscaling and clipping."""

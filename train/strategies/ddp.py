@@ -11,11 +11,32 @@ import os
 import socket
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hpcdp import distenv
 from train.strategies import Strategy, device_for
+
+
+def _compress_hook(dtype: torch.dtype):
+    """A DDP communication hook that all-reduces each gradient bucket in `dtype` and writes the
+    average back: torch's fp16/bf16_compress_hook, which refuse bf16 without CUDA and NCCL, while
+    gloo reduces bf16 on CPUs too."""
+    def hook(group, bucket):
+        group = group or dist.group.WORLD
+        buffer = bucket.buffer()
+        compressed = buffer.to(dtype).div_(dist.get_world_size(group))
+        future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+        def decompress(fut):
+            buffer.copy_(fut.value()[0])
+            return buffer
+        return future.then(decompress)
+    return hook
+
+
+COMPRESS_HOOKS = {"bf16": _compress_hook(torch.bfloat16), "fp16": _compress_hook(torch.float16)}
 
 
 class DDPStrategy(Strategy):
@@ -41,7 +62,24 @@ class DDPStrategy(Strategy):
     def wrap(self, model, optimizer, accum_steps: int = 1):
         # Construction broadcasts rank 0's parameters and buffers to every rank.
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids), optimizer
+        ddp = DistributedDataParallel(model, device_ids=ids)
+        if self.grad_comm in COMPRESS_HOOKS:  # each bucket cast before all-reduce, back after
+            ddp.register_comm_hook(None, COMPRESS_HOOKS[self.grad_comm])
+        self._ddp = ddp
+        return ddp, optimizer
+
+    def comm_breakdown(self):
+        """DDP's own timing of backward (sampled by its reducer at iterations 10, 20, ... and
+        then every 100; CUDA events on GPUs): compute, all-reduce, their overlap, and the
+        all-reduce time backward did not hide. None until DDP has sampled an iteration."""
+        data = self._ddp._get_ddp_logging_data() if getattr(self, "_ddp", None) else {}
+        names = ("avg_backward_compute_time", "avg_backward_comm_time",
+                 "avg_backward_compute_comm_overlap_time")
+        if not all(isinstance(data.get(n), int) and data.get(n) > 0 for n in names[:2]):
+            return None
+        compute, comm, overlap = (data.get(n, 0) / 1e9 for n in names)
+        return {"backward_compute": compute, "allreduce": comm, "overlap": overlap,
+                "exposed": max(0.0, comm - overlap)}
 
     def no_sync(self, model):
         return model.no_sync()
@@ -50,6 +88,9 @@ class DDPStrategy(Strategy):
         tensor = tensor.detach().clone()
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)  # gloo has no AVG
         return tensor / self.world_size
+
+    def all_reduce_(self, tensor):
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
 
     def broadcast_object(self, obj, name: str):
         box = [obj]

@@ -63,6 +63,7 @@ class HorovodStrategy(Strategy):
             optimizer,
             named_parameters=model.named_parameters(),
             backward_passes_per_step=accum_steps,
+            compression=hvd.Compression.fp16 if self.grad_comm == "fp16" else hvd.Compression.none,
         )
         # DistributedOptimizer is a new optimizer built from the old one's param_groups only:
         # carry the state over, or a resumed run restarts AdamW's moments from zero.
@@ -71,6 +72,9 @@ class HorovodStrategy(Strategy):
 
     def mean(self, tensor):
         return self.hvd.allreduce(tensor.detach(), op=self.hvd.Average, name="metric_mean")
+
+    def all_reduce_(self, tensor):
+        self.hvd.allreduce_(tensor, op=self.hvd.Sum, name="allreduce_baseline")
 
     def prepare_unscale(self, optimizer) -> None:
         optimizer.synchronize()

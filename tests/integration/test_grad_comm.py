@@ -1,0 +1,58 @@
+"""train.grad_comm on the local cluster: gradients all-reduced in bf16 (DDP's compression hook)
+or fp16 (Horovod's compression, which has no bf16) train two-node runs to the loss of fp32
+within harvest's parity tolerance, and the header shows half the bytes on the wire."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from slurm_jobs import records, sets, submit, wait_all
+
+from hpcdp import harvest
+from hpcdp.harvest.table import LOSS_PARITY_RTOL
+
+pytestmark = pytest.mark.slurm
+
+SETTINGS = sets("train.steps=12", "train.eval_interval=0", "train.checkpoint_interval=0")
+
+
+def test_compressed_gradients_train_like_fp32_with_half_the_bytes(slurm_cluster, tmp_path):
+    has_horovod = subprocess.run([sys.executable, "-c", "import horovod.torch"],
+                                 capture_output=True).returncode == 0
+    cells = [("distributed-ps", "fp32"), ("distributed-ps", "bf16")]
+    if has_horovod:
+        cells += [("horovod", "fp32"), ("horovod", "fp16")]
+    jobs = {cell: submit(tmp_path, cell[0], 2, tmp_path / f"{cell[0]}-{cell[1]}", *SETTINGS,
+                         *sets(f"train.grad_comm={cell[1]}")) for cell in cells}
+    infos = wait_all([job_id for job_id, _ in jobs.values()], timeout_s=600)
+    headers = {}
+    for cell, (job_id, run_dir) in jobs.items():
+        assert infos[job_id].state == "COMPLETED", (cell, infos[job_id])
+        headers[cell] = next(r for r in records(run_dir) if r["kind"] == "header")
+        assert headers[cell]["grad_comm"] == cell[1]
+    for strategy, compressed in (("distributed-ps", "bf16"), ("horovod", "fp16")):
+        if (strategy, compressed) not in headers:
+            continue
+        full = headers[(strategy, "fp32")]["grad_bytes_per_step"]
+        assert headers[(strategy, compressed)]["grad_bytes_per_step"] * 2 == full
+    runs = {r.communication: r for r in harvest.harvest([tmp_path], query_slurm=False)}
+    assert "gloo/bf16" in runs
+    for comm, r in runs.items():
+        if "/" in comm:
+            assert r.parity_reference is not None, comm
+            assert r.loss_drift is not None and r.loss_drift <= LOSS_PARITY_RTOL, (comm, r.notes)
+            print(f"{comm}: loss drift {r.loss_drift:.2e} against {r.parity_reference}")
+    if not has_horovod:
+        pytest.skip("Horovod is not installed: only DDP was checked")
+
+
+def test_horovod_with_bf16_gradients_is_refused_before_anything_is_written(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "hpcdp", "submit", "-s", "horovod", "-N", "2",
+                           "--out", str(tmp_path / "runs"), *sets("train.grad_comm=bf16")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "train.grad_comm 'bf16': horovod sends gradients in fp32, fp16 only" in done.stderr
+    assert not (tmp_path / "runs").exists()
+    assert len(done.stderr.strip().splitlines()) == 1

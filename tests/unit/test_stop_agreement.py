@@ -1,0 +1,69 @@
+"""The stop agreement (train/stop.py) between two real gloo ranks: all ranks stop at the same
+step whichever rank was signalled, and between checks nothing is communicated."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from train import stop
+
+
+class _GlooRanks:
+    """The one collective StopSignal uses, over a real gloo group, counting calls."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world_size, self.calls = rank, world, 0
+
+    def mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        tensor = tensor.clone()
+        dist.all_reduce(tensor)
+        return tensor / self.world_size
+
+
+def _rank(rank: int, world: int, port: int, signalled_rank: int, signal_at: int, out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ranks, signal = _GlooRanks(rank, world), stop.StopSignal(check_every_s=1.0)
+    signal.restore()  # the handlers are not what is tested here
+    stopped_at = None
+    for step in range(1, 200):
+        if rank == signalled_rank and step == signal_at:
+            signal.name = "SIGUSR2"
+        if signal.agreed(ranks, torch.device("cpu"), step, step_time_s=0.1):  # ~10-step checks
+            stopped_at = step
+            break
+    out.put((rank, stopped_at, ranks.calls, signal.name))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("signalled_rank", [0, 1])
+def test_every_rank_stops_at_the_same_step_with_few_collectives(signalled_rank):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    # Both ranks need the same port: pick it once.
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, signalled_rank, 37, out))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    (_, stop0, calls0, _), (_, stop1, calls1, _) = results
+    assert stop0 == stop1 and stop0 is not None and 37 <= stop0 <= 37 + 10
+    assert calls0 == calls1 <= 6  # checks at steps 1, 11, 21, 31, 41: not one per step
+    other = 1 - signalled_rank
+    assert results[other][3] == "stop signal (on another rank)"
