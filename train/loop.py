@@ -457,7 +457,7 @@ class Throughput:
             "step", step=step, loss=loss, lr=lr, grad_norm=result.grad_norm.item(),
             loss_scale=t.precision.loss_scale(), skipped=result.skipped, phases_s=phases,
             ddp_comm_s=ddp, exposed_comm_s=phases["sync"] + (ddp["exposed"] if ddp else 0.0),
-            step_time_s=dt,
+            allreduce_s=ddp["allreduce"] if ddp else None, step_time_s=dt,
             tokens_per_s=tokens_per_s, tokens_seen=step * t.tokens_per_step,
             elapsed_s=time.perf_counter() - self.start,
             max_mem_gb=(torch.cuda.max_memory_allocated(device) / 1e9

@@ -38,8 +38,8 @@ class Segment:
 
 # Step fields harvest uses, in the writer's order. All but "time" are kept as columns; of the
 # times only the newest counts (MetricsLog.last_time), and float() is what reading costs.
-STEP_FIELDS = ("time", "step", "loss", "exposed_comm_s", "step_time_s", "tokens_per_s",
-               "elapsed_s", "max_mem_gb", "mfu")
+STEP_FIELDS = ("time", "step", "loss", "exposed_comm_s", "allreduce_s", "step_time_s",
+               "tokens_per_s", "elapsed_s", "max_mem_gb", "mfu")
 COLUMNS = STEP_FIELDS[1:]
 _ELAPSED = COLUMNS.index("elapsed_s")
 
@@ -55,6 +55,8 @@ class StepColumns:
     loss: list = field(default_factory=list)
     exposed_comm_s: list = field(default_factory=list)
     """Gradient communication no computation hid (train/phases.py); None in older files."""
+    allreduce_s: list = field(default_factory=list)
+    """The step's whole gradient all-reduce time, where the wrapper measures it (DDP)."""
     step_time_s: list = field(default_factory=list)
     tokens_per_s: list = field(default_factory=list)
     elapsed_s: list = field(default_factory=list)
@@ -121,7 +123,8 @@ def _loads_fused(line: str) -> dict | None:
 _NUMBER = r"(-?[0-9][0-9.eE+-]*|null)"
 _STEP_LINE = re.compile(
     r'\{"kind": "step", "time": ' + _NUMBER + r', "step": ([0-9]+), "loss": ' + _NUMBER
-    + r', .*?(?:"exposed_comm_s": ' + _NUMBER + r', )?"step_time_s": ' + _NUMBER
+    + r', .*?(?:"exposed_comm_s": ' + _NUMBER + r', )?(?:"allreduce_s": ' + _NUMBER
+    + r', )?"step_time_s": ' + _NUMBER
     + r', "tokens_per_s": ' + _NUMBER
     + r', "tokens_seen": [^,]*, "elapsed_s": ' + _NUMBER + r', "max_mem_gb": ' + _NUMBER
     + r', "mfu": ' + _NUMBER + r'\}')

@@ -41,6 +41,9 @@ class Cell:
     allreduce_share: float | None = None
     """allreduce_s / this cell's median step time: the share of a step one un-overlapped
     gradient all-reduce would take (communication that backward hides does not count)."""
+    bandwidth_reached: float | None = None
+    """The baseline's all-reduce time / this cell's own all-reduce time in training: the share
+    of the measured bandwidth training reaches (DDP, whose reducer times it)."""
     exposed_share: float | None = None
     """Median exposed gradient communication / median step time, over its runs."""
     group: int = 0
@@ -73,6 +76,7 @@ class Cell:
                 "tie_with": self.tie_with, "allreduce_s": self.allreduce_s,
                 "allreduce_share_of_step": self.allreduce_share,
                 "exposed_comm_share_of_step": self.exposed_share,
+                "bandwidth_reached": self.bandwidth_reached,
                 "runs": [r.run_dir for r in self.runs]}
 
 
@@ -124,6 +128,9 @@ def attach_baseline(cells: list[Cell], baseline: list[dict]) -> None:
             cell.allreduce_s = float(probe["median_s"])
             if steps:
                 cell.allreduce_share = cell.allreduce_s / stats.median(steps)
+            own = [r.allreduce_s for r in cell.runs if r.allreduce_s]
+            if own:
+                cell.bandwidth_reached = cell.allreduce_s / stats.median(own)
 
 
 def _fill_ratios(cells: list[Cell]) -> None:
@@ -174,7 +181,7 @@ def has_repeats(cells: list[Cell]) -> bool:
 
 
 COLUMNS = ("cell", "repeats", "tokens/s median", "95% interval", "min-max", "speed-up",
-           "scaling eff", "exposed comm", "all-reduce / step", "ties with")
+           "scaling eff", "exposed comm", "all-reduce / step", "bandwidth reached", "ties with")
 
 
 def _row(c: Cell) -> list[str]:
@@ -193,6 +200,7 @@ def _row(c: Cell) -> list[str]:
             "-" if c.exposed_share is None else f"{100 * c.exposed_share:.0f}%",
             "-" if c.allreduce_share is None else
             f"{c.allreduce_s * 1e3:.1f} ms = {100 * c.allreduce_share:.0f}%",
+            "-" if c.bandwidth_reached is None else f"{100 * c.bandwidth_reached:.0f}%",
             ", ".join(c.tie_with) or "-"]
 
 

@@ -69,6 +69,8 @@ class RunResult:
     steady_steps: int
     exposed_comm_s: float | None = None
     """Median gradient communication per step that no computation hid (train/phases.py)."""
+    allreduce_s: float | None = None
+    """Median time of the step's whole gradient all-reduce, where measured (DDP)."""
     speedup: float | None = None
     scaling_efficiency: float | None = None
     """tokens/s / (nodes x tokens/s of the same strategy and precision on 1 node)."""
@@ -162,7 +164,7 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
     losses = list(map(c.loss.__getitem__, with_loss))
     tps, dts, mfus = present(c.tokens_per_s, timed), present(c.step_time_s, timed), present(
         c.mfu, timed)
-    exposed = present(c.exposed_comm_s, timed)
+    exposed, allreduce = present(c.exposed_comm_s, timed), present(c.allreduce_s, timed)
     mems = present(c.max_mem_gb, order)
     final_val = log.evals[max(log.evals)] if log.evals else None
     if final_val is None and log.summary:
@@ -190,7 +192,7 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
             if isinstance(s.header.get("restart_count"), int)]),
         corrupt_lines=log.corrupt_lines, truncated=log.truncated,
         tokens_per_s=_median(tps), step_time_s=_median(dts), steady_steps=len(steady),
-        exposed_comm_s=_median(exposed),
+        exposed_comm_s=_median(exposed), allreduce_s=_median(allreduce),
         final_loss=losses[-1] if losses else None,
         final_val_loss=final_val, peak_mem_gb=max(mems) if mems else None,
         mfu=_median(mfus), curve_step=list(map(step_of.__getitem__, with_loss)),
@@ -470,7 +472,8 @@ CSV_FIELDS = ["run_dir", "experiment", "strategy", "nodes", "world_size", "globa
               "precision", "device",
               "communication", "job_id", "state", "state_source", "exit_code", "steps", "last_step",
               "planned_steps", "segments", "restarts", "corrupt_lines", "truncated",
-              "tokens_per_s", "step_time_s", "steady_steps", "exposed_comm_s", "speedup",
+              "tokens_per_s", "step_time_s", "steady_steps", "exposed_comm_s", "allreduce_s",
+              "speedup",
               "scaling_efficiency",
               "efficiency_vs_single", "baseline", "loss_drift", "parity_reference",
               "target_loss", "time_to_target_s", "step_to_target",

@@ -558,6 +558,12 @@ def test_a_loss_that_drifts_from_the_fp32_reference_is_flagged(tmp_path):
 
 def test_the_network_baseline_is_shown_and_explains_each_cell(tmp_path):
     root = _campaign(tmp_path, {("distributed-ps", 2): [1800.0, 1820.0]})
+    for metrics in root.glob("distributed-ps-2n/repeat-*/metrics.jsonl"):
+        recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+        for r in recs:  # DDP's own all-reduce time in training: twice the baseline's
+            if r["kind"] == "step":
+                r["allreduce_s"] = 0.2
+        write_run(metrics.parent, recs)
     probe = root / "baseline" / "distributed-ps-2n"
     probe.mkdir(parents=True)
     (probe / "allreduce.json").write_text(json.dumps({
@@ -570,6 +576,7 @@ def test_the_network_baseline_is_shown_and_explains_each_cell(tmp_path):
     cell = result.cells[0]
     step = statistics.median(r.step_time_s for r in cell.runs)
     assert cell.allreduce_s == 0.1 and cell.allreduce_share == pytest.approx(0.1 / step)
+    assert cell.bandwidth_reached == pytest.approx(0.5)  # training reached half the bandwidth
     text = harvest.render(result, "table")
     assert "Network baseline" in text and "2.0" in text and "100.00" in text
     data = json.loads(harvest.render(result, "json"))
