@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import weakref
 from datetime import timedelta
 
 import torch
@@ -65,14 +66,17 @@ class DDPStrategy(Strategy):
         ddp = DistributedDataParallel(model, device_ids=ids)
         if self.grad_comm in COMPRESS_HOOKS:  # each bucket cast before all-reduce, back after
             ddp.register_comm_hook(None, COMPRESS_HOOKS[self.grad_comm])
-        self._ddp = ddp
+        # A weak reference: the wrapped model must be freed with the loop's frame, before
+        # teardown destroys the process group (freed after it, DDP's destructor can hang).
+        self._ddp = weakref.ref(ddp)
         return ddp, optimizer
 
     def comm_breakdown(self):
         """DDP's own timing of backward (sampled by its reducer at iterations 10, 20, ... and
         then every 100; CUDA events on GPUs): compute, all-reduce, their overlap, and the
         all-reduce time backward did not hide. None until DDP has sampled an iteration."""
-        data = self._ddp._get_ddp_logging_data() if getattr(self, "_ddp", None) else {}
+        ddp = self._ddp() if getattr(self, "_ddp", None) else None
+        data = ddp._get_ddp_logging_data() if ddp is not None else {}
         names = ("avg_backward_compute_time", "avg_backward_comm_time",
                  "avg_backward_compute_comm_overlap_time")
         if not all(isinstance(data.get(n), int) and data.get(n) > 0 for n in names[:2]):
