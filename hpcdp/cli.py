@@ -385,16 +385,21 @@ def cmd_harvest(args) -> int:
 
 # ------------------------------------------------------------------------------------ parser
 
+def _add_follow_options(p: argparse.ArgumentParser, dry_run: str, follow: str,
+                        success: str) -> None:
+    """--dry-run, --wait and --timeout, shared by the commands that submit."""
+    p.add_argument("--dry-run", action="store_true", help=f"{dry_run}; write and submit nothing")
+    p.add_argument("--wait", action="store_true", help=f"follow {follow}; exit 1 unless {success}")
+    p.add_argument("--timeout", type=positive_float, default=None,
+                   help="stop --wait after N seconds")
+
+
 def _add_submitting_commands(sub) -> None:
     """`submit` and `compare`: both render, write and submit through submitit."""
     p = sub.add_parser("submit", help="render and submit through submitit; --wait to follow")
     _add_selection(p)
-    p.add_argument("--dry-run", action="store_true", help="print what would be submitted; "
-                                                          "write and submit nothing")
-    p.add_argument("--wait", action="store_true", help="follow the jobs until they end; "
-                                                       "exit 1 unless all COMPLETED")
-    p.add_argument("--timeout", type=positive_float, default=None,
-                   help="stop --wait after N seconds")
+    _add_follow_options(p, "print what would be submitted", "the jobs until they end",
+                        "all COMPLETED")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("compare", help="one job that runs every cell of the matrix, repeated, "
@@ -402,12 +407,7 @@ def _add_submitting_commands(sub) -> None:
     _add_selection(p, one_cell=False)
     p.add_argument("--repeats", type=positive_int,
                    help="runs of each cell (default: the experiment's compare.repeats, 3)")
-    p.add_argument("--dry-run", action="store_true", help="print the campaign script; "
-                                                          "write and submit nothing")
-    p.add_argument("--wait", action="store_true", help="follow the job until it ends; "
-                                                       "exit 1 unless COMPLETED")
-    p.add_argument("--timeout", type=positive_float, default=None,
-                   help="stop --wait after N seconds")
+    _add_follow_options(p, "print the campaign script", "the job until it ends", "COMPLETED")
     p.set_defaults(func=cmd_compare)
 
 
