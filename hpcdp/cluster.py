@@ -85,10 +85,27 @@ def status() -> int:
 def _pid_alive(pid_file: Path, name: str) -> bool:
     try:
         pid = int(pid_file.read_text().split()[0])
-        # The name check keeps a stale pid file from matching some reused pid.
-        return Path(f"/proc/{pid}/comm").read_text().strip() == name
+        # The name check keeps a stale pid file from matching some reused pid; a zombie (state
+        # Z, a daemon that died and is not reaped yet) is dead.
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return f"({name})" in stat and stat.rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, ValueError, IndexError):
         return False
+
+
+def daemon_pids() -> dict[str, int]:
+    """The cluster's live daemons, by pid file: {"slurmctld": 41, "slurmd-node1": 57, ...}.
+
+    A daemon that died is missing, so comparing two calls tells whether one died (or was
+    restarted) in between.
+    """
+    live = {}
+    for pid_file in sorted((cluster_dir() / "run").glob("*.pid")):
+        # mysqld.pid is MariaDB's; the others are named after their daemon (slurmd-node1).
+        name = "mariadbd" if pid_file.stem == "mysqld" else pid_file.stem.split("-")[0]
+        if _pid_alive(pid_file, name):
+            live[pid_file.stem] = int(pid_file.read_text().split()[0])
+    return live
 
 
 def is_up() -> bool:

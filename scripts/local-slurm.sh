@@ -65,6 +65,8 @@ pid_of() {
     [[ $pid =~ ^[0-9]+$ ]] || return 1
     comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
     [[ $comm == "$name" ]] || return 1
+    # A daemon that died but is not reaped yet (a zombie) is dead.
+    [[ $(cat "/proc/$pid/stat" 2>/dev/null) != *") Z "* ]] || return 1
     echo "$pid"
 }
 

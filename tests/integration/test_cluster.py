@@ -113,6 +113,49 @@ def test_second_up_is_a_no_op(slurm_cluster: Path) -> None:
     assert pid_file.read_text().strip() == pid_before
 
 
+# Run by a nested pytest with the project's conftest: one test kills node4's slurmd and fails
+# the first time (as a Slurm crash under a job would), then needs all four nodes; the other
+# fails with every daemon alive and must not get a second run.
+DAEMON_DEATH_TESTS = """
+import os, signal, subprocess
+from pathlib import Path
+from hpcdp import cluster
+
+def test_a_daemon_dies_under_it(slurm_cluster, tmp_path_factory):
+    marker = Path(os.environ["FIRST_RUN_MARKER"])
+    if not marker.exists():
+        marker.touch()
+        os.kill(cluster.daemon_pids()["slurmd-node4"], signal.SIGKILL)
+        raise AssertionError("the jobs of this test failed")
+    srun = subprocess.run(["srun", "-N4", "hostname"], capture_output=True, text=True, timeout=60)
+    assert srun.returncode == 0, srun.stderr
+
+def test_fails_on_its_own(slurm_cluster):
+    raise AssertionError("a real failure")
+"""
+
+
+def test_a_test_that_failed_as_a_daemon_died_runs_again_on_a_healed_cluster(
+    slurm_cluster: Path, pytester: pytest.Pytester
+) -> None:
+    pytester.makeconftest((Path(__file__).parents[1] / "conftest.py").read_text())
+    pytester.makepyfile(test_daemon_death=DAEMON_DEATH_TESTS)
+    marker = pytester.path / "first-run"
+    os.environ["FIRST_RUN_MARKER"] = str(marker)
+    try:
+        result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    finally:
+        del os.environ["FIRST_RUN_MARKER"]
+    assert marker.exists(), result.stdout.str()
+    result.assert_outcomes(passed=1, failed=1)
+    rerun = [line for line in result.outlines if line.startswith("RERUN ")]
+    assert rerun == [
+        "RERUN test_daemon_death.py::test_a_daemon_dies_under_it: it failed while slurmd-node4"
+        " died; ran again on a healed cluster"
+    ], result.stdout.str()
+    assert "slurmd-node4" in cluster.daemon_pids()
+
+
 def test_python_api_sees_the_running_cluster(slurm_cluster: Path) -> None:
     assert cluster.is_up()
     assert cluster.slurm_env() == {"SLURM_CONF": str(slurm_cluster / "etc" / "slurm.conf")}
