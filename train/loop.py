@@ -306,15 +306,28 @@ def setup(exp: Experiment, spec: registry.StrategySpec, strategy: Strategy, out_
                         accum_steps=accum_steps)
     if resume:
         _resume(training, log)
-    if cfg.compile:
-        training.model = torch.compile(training.model)
     if spec.grad_comm:  # only where gradients travel between processes
         spec.check_grad_comm(cfg.grad_comm)
         strategy.grad_comm = cfg.grad_comm
-    training.model, training.optimizer = strategy.wrap(training.model, training.optimizer,
-                                                       training.accum_steps)
+    _wrap(training, log)
     training.model.train()
     return training
+
+
+def _wrap(t: Training, log: Callable[[str], None]) -> None:
+    """The strategy's wrapper, and torch.compile on the side of it the strategy asks for: DDP
+    is compiled around its wrapper (torch's advice: Dynamo then splits the graph at DDP's
+    bucket boundaries, so all-reduce still overlaps backward); DataParallel and Horovod compile
+    the model inside (DataParallel replicates what it wraps; Horovod wraps only the optimizer)."""
+    strategy, compile_ = t.strategy, t.exp.train.compile
+    if compile_ and not strategy.compile_around_wrapper:
+        t.model = torch.compile(t.model)
+    t.model, t.optimizer = strategy.wrap(t.model, t.optimizer, t.accum_steps)
+    if compile_ and strategy.compile_around_wrapper:
+        t.model = torch.compile(t.model)
+    if compile_:
+        log(f"train: torch.compile {'around' if strategy.compile_around_wrapper else 'inside'}"
+            f" the {type(strategy).__name__} wrapper")
 
 
 def _resume(t: Training, log: Callable[[str], None]) -> None:

@@ -203,3 +203,29 @@ def test_single_ps_says_it_runs_degenerate_on_cpu(tmp_path: Path, prepared: str)
     result = train(tmp_path, "single-ps", "python", ["train.steps=1", prepared])
     assert result.returncode == 0, result.stderr
     assert "DataParallel runs degenerate" in result.stdout
+
+
+# Compiled with torch.compile (inductor's C++ backend on the CPU), each strategy must train as
+# its eager run did. The rule for where compile goes (train/loop.py::_wrap) is checked from the
+# log line; tolerances: inductor fuses and reorders float sums (fp32: measured about 1e-6).
+COMPILE_TOLERANCE = {"fp32": 1e-3, "bf16": 2e-2}
+
+
+@pytest.mark.parametrize("name", _marked(list(RUNS)))
+def test_compiled_strategy_trains_like_its_eager_run(runs: Runs, name: str,
+                                                     tmp_path: Path) -> None:
+    eager = runs.get(name)
+    kind, micro, _, precision = RUNS[name]
+    result = train(tmp_path / name, name, kind, [*COMMON, runs.data_setting, "train.compile=true",
+                                                 f"train.micro_batch_size={micro}"],
+                   port=29700, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    where = "around the DDPStrategy" if name.startswith("distributed-ps") else "inside the"
+    assert f"train: torch.compile {where} " in result.stdout, result.stdout[-2000:]
+    (header,) = records(tmp_path / name, "header")
+    assert header["config"]["train"]["compile"] is True
+    losses = [r["loss"] for r in records(tmp_path / name, "step")]
+    eager_losses = [r["loss"] for r in records(eager, "step")]
+    assert losses == pytest.approx(eager_losses, rel=COMPILE_TOLERANCE[precision])
+    (summary,) = records(tmp_path / name, "summary")
+    assert summary["replicas_identical"] is True

@@ -37,6 +37,8 @@ class Strategy:
     grad_comm: str = "none"
     """The precision gradients travel in (train.grad_comm), set before `wrap` for the
     strategies that send them; "none" where gradients never leave the process."""
+    compile_around_wrapper: bool = False
+    """train.compile compiles the wrapped model (True) or the model before `wrap` (False)."""
     log: Any = print
 
     def __init__(self, log: Any = print) -> None:

@@ -41,6 +41,10 @@ COMPRESS_HOOKS = {"bf16": _compress_hook(torch.bfloat16), "fp16": _compress_hook
 
 
 class DDPStrategy(Strategy):
+    # torch's DDP notes: wrap first, then compile, so that Dynamo's DDPOptimizer breaks the graph
+    # at bucket boundaries and all-reduce overlaps the compiled backward.
+    compile_around_wrapper = True
+
     def setup(self, env, timeout_s: int) -> None:
         self.device = device_for(env)
         # A master that is not rank 0's node would make every rank wait for the timeout.
