@@ -21,14 +21,16 @@ from hpcdp.strategies import StrategySpec
 HOROVOD_CONTROLLER = "gloo"
 
 
-def launch_command(strategy: StrategySpec, ranks: int, python: str,
-                   train_args: list[str]) -> list[str]:
-    train = [python, "-m", "train", *train_args]
+def launch_command(strategy: StrategySpec, ranks: int, python: str, train_args: list[str],
+                   program: tuple[str, ...] = ("-m", "train")) -> list[str]:
+    """The strategy's local launcher starting `ranks` processes of `python PROGRAM ARGS`
+    (PROGRAM: `-m module` or a script, as both python and torchrun take it)."""
+    train = [python, *program, *train_args]
     if strategy.local_launcher == "python":
         return train
     if strategy.local_launcher == "torchrun":
         return [python, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc_per_node={ranks}", "-m", "train", *train_args]
+                f"--nproc_per_node={ranks}", *program, *train_args]
     horovodrun = shutil.which("horovodrun") or str(Path(python).parent / "horovodrun")
     if not Path(horovodrun).exists():
         raise UsageError("strategy horovod needs Horovod (horovodrun not found): "

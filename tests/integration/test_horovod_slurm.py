@@ -80,6 +80,9 @@ def test_horovod_on_two_nodes_both_controllers_both_layouts(strategy, slurm_clus
         log = run_dir / f"slurm-{job_id}.out"
         assert states[job_id] == "COMPLETED", log.read_text()[-3000:] if log.exists() else job_id
         check_run(run_dir, job_id, 2 * ranks_per_node, controller)
+        # CPU ranks over MPI must not busy-poll the cores they compute on.
+        yields = "Open MPI yields the CPU while it waits" in log.read_text()
+        assert yields == (controller == "mpi"), log.read_text()[-2000:]
     # Same global batch per layout: MPI and Gloo must train the same model.
     for ranks_per_node in (1, 2):
         loss_mpi = step_losses(runs[("mpi", ranks_per_node)][1])

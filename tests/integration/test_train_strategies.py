@@ -54,24 +54,24 @@ def _env() -> dict[str, str]:
     return env
 
 
-def launcher(kind: str, port: int) -> list[str]:
+def launcher(kind: str, port: int, ranks: int = 2) -> list[str]:
     py = [sys.executable, "-m", "train"]
     if kind == "python":
         return py
     if kind == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                 "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "train"]
     if kind == "mpirun":
-        return ["mpirun", "-np", "2", "--allow-run-as-root", "--oversubscribe",
+        return ["mpirun", "-np", str(ranks), "--allow-run-as-root", "--oversubscribe",
                 "-x", "OMP_NUM_THREADS", "-x", "PYTHONPATH", *py]
     if kind == "horovodrun":
-        return [sys.executable, "-m", "horovod.runner.launch", "-np", "2", "--gloo", *py]
+        return [sys.executable, "-m", "horovod.runner.launch", "-np", str(ranks), "--gloo", *py]
     raise ValueError(kind)
 
 
 def train(out: Path, strategy: str, kind: str, sets: list[str], *, port: int = 29650,
-          extra: list[str] = (), timeout: int = 240) -> subprocess.CompletedProcess:
-    cmd = [*launcher(kind, port), "--experiment", "smoke", "--strategy", strategy,
+          extra: list[str] = (), timeout: int = 240, ranks: int = 2) -> subprocess.CompletedProcess:
+    cmd = [*launcher(kind, port, ranks), "--experiment", "smoke", "--strategy", strategy,
            "--out", str(out), *[a for s in sets for a in ("--set", s)], *extra]
     # MASTER_PORT: a one-process DDP run would otherwise take torch's default 29500.
     env = _env() | ({"MASTER_PORT": str(port)} if kind == "python" else {})
@@ -195,6 +195,23 @@ def test_bf16_strategies_match_single_process_bf16(runs: Runs, name: str) -> Non
     reference, other = runs.single_bf16(), runs.get(name)
     ref_losses = [r["loss"] for r in records(reference, "step")]
     assert [r["loss"] for r in records(other, "step")] == pytest.approx(ref_losses, rel=2e-2)
+
+
+@pytest.mark.parametrize("name, kind", [("distributed-ps", "torchrun"),
+                                        pytest.param("horovod", "mpirun",
+                                                     marks=pytest.mark.horovod)])
+def test_one_rank_keeps_gradients_local_and_trains_like_single_gpu(
+        runs: Runs, name: str, kind: str, tmp_path: Path) -> None:
+    """At world size 1 DDP and Horovod have nothing to average: no wrapper, so their step is
+    single-gpu's (bench/overhead.py measured the wrappers at about 10% of a tiny step)."""
+    if kind == "mpirun" and not horovod_importable():
+        pytest.skip(HOROVOD_MISSING)
+    result = train(tmp_path, name, kind, [*COMMON, runs.data_setting,
+                                          "train.micro_batch_size=8"], port=29720, ranks=1)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "world size 1, gradients stay local" in result.stdout
+    reference = [r["loss"] for r in records(runs.get("single-gpu"), "step")]
+    assert [r["loss"] for r in records(tmp_path, "step")] == pytest.approx(reference, rel=1e-6)
 
 
 def test_single_ps_says_it_runs_degenerate_on_cpu(tmp_path: Path, prepared: str) -> None:

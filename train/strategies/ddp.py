@@ -65,6 +65,11 @@ class DDPStrategy(Strategy):
         self.communication = str(dist.get_backend())
 
     def wrap(self, model, optimizer, accum_steps: int = 1):
+        if self.world_size == 1:
+            # Nothing to average: DDP would only copy every gradient into its buckets and
+            # all-reduce them with itself (about 10% of a tiny model's step, bench/overhead.py).
+            self.log("DDP: world size 1, gradients stay local (no DDP wrapper)")
+            return model, optimizer
         # Construction broadcasts rank 0's parameters and buffers to every rank.
         ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=ids)
@@ -90,7 +95,7 @@ class DDPStrategy(Strategy):
                 "exposed": max(0.0, comm - overlap)}
 
     def no_sync(self, model):
-        return model.no_sync()
+        return model.no_sync() if self.world_size > 1 else super().no_sync(model)
 
     def mean(self, tensor):
         tensor = tensor.detach().clone()

@@ -42,6 +42,11 @@ class HorovodStrategy(Strategy):
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(min(60, timeout_s)))
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(timeout_s))
         os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(timeout_s))
+        if not torch.cuda.device_count():
+            # CPU ranks: Open MPI busy-polls while it waits, and that steals the core the
+            # rank computes on (two local nodes: forward 19 -> 27 ms, step 1.47x DDP's;
+            # yielding: 0.92x, bench/horovod_knobs.py). Read by MPI_Init, in hvd.init().
+            os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         if wants_slurm_gloo_rendezvous(env, os.environ):
             # Rank 0 serves the rendezvous at the master address: it must be its own node.
             distenv.check_master_is_rank0_node(env, socket.gethostname())
@@ -49,9 +54,17 @@ class HorovodStrategy(Strategy):
         hvd.init()
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.communication = "horovod-mpi" if hvd.mpi_enabled() else "horovod-gloo"
+        if hvd.mpi_enabled() and os.environ.get("OMPI_MCA_mpi_yield_when_idle") == "1":
+            self.log("Horovod: Open MPI yields the CPU while it waits "
+                     "(OMPI_MCA_mpi_yield_when_idle=1)")
         self.device = device_for(env)  # env.local_rank is hvd.local_rank() under srun
 
     def wrap(self, model, optimizer, accum_steps: int = 1):
+        if self.world_size == 1:
+            # Nothing to average: each gradient would still go through Horovod's background
+            # thread and its cycle (about 10% of a tiny model's step, bench/overhead.py).
+            self.log("Horovod: world size 1, gradients stay local (no DistributedOptimizer)")
+            return model, optimizer
         hvd = self.hvd
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         # No hvd.broadcast_optimizer_state: a fresh optimizer is identical on every rank, and a
@@ -77,10 +90,13 @@ class HorovodStrategy(Strategy):
         self.hvd.allreduce_(tensor, op=self.hvd.Sum, name="allreduce_baseline")
 
     def prepare_unscale(self, optimizer) -> None:
-        optimizer.synchronize()
+        if self.world_size > 1:
+            optimizer.synchronize()
 
     def optimizer_step_context(self, optimizer):
-        return optimizer.skip_synchronize()
+        if self.world_size > 1:
+            return optimizer.skip_synchronize()
+        return super().optimizer_step_context(optimizer)
 
     def broadcast_object(self, obj, name: str):
         # Without a name Horovod names the collective after type(obj): rank 0 sending a str

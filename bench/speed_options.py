@@ -1,0 +1,59 @@
+"""Issue 11 (d): each speed option on and off, on the minimal loop (bench/minimal_loop.py).
+
+One option changes per case, against the baseline (fused AdamW, SDPA attention, fp32, eager):
+AdamW's per-tensor loop instead of the fused kernel, eager attention instead of SDPA, bf16
+autocast, torch.compile. Each case is a fresh process; cases alternate round after round; the
+number compared is seconds per step in the steady state (compilation happens before it).
+
+    python bench/speed_options.py [--model tiny|gpt2-124m] [--rounds 5] [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common  # noqa: E402
+from _common import PYTHON, ROOT  # noqa: E402
+from overhead import MODEL_SETTINGS  # noqa: E402
+
+OPTIONS = {
+    "baseline (fused AdamW, SDPA, fp32, eager)": [],
+    "AdamW per-tensor loop": ["--no-fused"],
+    "eager attention": ["--set", "model.attention=eager"],
+    "bf16 autocast": ["--precision", "bf16"],
+    "torch.compile": ["--compile"],
+}
+
+
+def case(flags: list[str], model: str, steps: int, skip: int, env: dict) -> float:
+    cmd = [PYTHON, str(ROOT / "bench" / "minimal_loop.py"), "--experiment", "smoke",
+           "--steps", str(steps), "--skip-steps", str(skip), *flags,
+           *[a for s in MODEL_SETTINGS[model] for a in ("--set", s)]]
+    return _common.run_json(cmd, env=env, timeout=3600)["step_time_s"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny", choices=list(MODEL_SETTINGS))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--skip-steps", type=int, default=10)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args()
+    env = {"OMP_NUM_THREADS": str(args.threads)}
+    cases = {name: functools.partial(case, flags, args.model, args.steps, args.skip_steps, env)
+             for name, flags in OPTIONS.items()}
+    values = _common.interleaved(cases, args.rounds,
+                                 progress=lambda line: print(f"  {line}", flush=True))
+    _common.print_table(f"{args.model}: step time of each option against the baseline",
+                        _common.ratio_rows(values, next(iter(OPTIONS))), "step time ratio")
+
+
+if __name__ == "__main__":
+    main()
