@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,6 +76,9 @@ def main() -> None:
     p.add_argument("--submit-rounds", type=int, default=5)
     p.add_argument("--no-submit", action="store_true")
     args = p.parse_args()
+    from hpcdp import cluster
+
+    os.environ.update(cluster.slurm_env())  # plain sbatch/squeue find the local cluster
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
         root = Path(tmp)
         cases = {
@@ -86,6 +91,8 @@ def main() -> None:
         values = _common.interleaved(cases, args.rounds)
         _common.print_table("CLI start-up against the bare interpreter",
                             _common.ratio_rows(values, "python -c pass"), "wall time ratio")
+        print(f"\n(python -c pass: {statistics.median(values['python -c pass']) * 1e3:.0f} ms "
+              "median here)")
         if args.no_submit:
             return
         script = subprocess.run(
@@ -97,6 +104,7 @@ def main() -> None:
         values = _common.interleaved(cases, args.submit_rounds)
         _common.print_table("Submission to RUNNING against plain sbatch of the same script",
                             _common.ratio_rows(values, "sbatch"), "time to RUNNING ratio")
+        print(f"\n(sbatch to RUNNING: {statistics.median(values['sbatch']):.2f} s median here)")
 
 
 if __name__ == "__main__":
