@@ -291,15 +291,80 @@ def cmd_status(args) -> int:
         print()
 
 
+def _record_of(job_id: str, records: list[dict]) -> dict:
+    """The record of a job hpcdp submitted (the newest, if an id repeats), or a usage error."""
+    from hpcdp import submit
+
+    found = [r for r in records if r["job_id"] == job_id]
+    if not found:
+        known = ", ".join(r["job_id"] for r in records[-5:]) or "none yet"
+        raise UsageError(f"job {job_id!r} was not submitted by hpcdp (records: "
+                         f"{submit.state_file()}; latest: {known})")
+    return found[-1]
+
+
+def cmd_logs(args) -> int:
+    from hpcdp import slurm, submit
+
+    record = _record_of(args.job, submit.read_records())
+    log = Path(record["log"])
+    offset = 0
+    while True:
+        if log.exists():
+            with log.open("rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            sys.stdout.write(chunk.decode("utf-8", "replace"))
+            sys.stdout.flush()
+        elif not args.follow:
+            raise UsageError(f"job {args.job}: no log yet at {log} (is it still PENDING? "
+                             "`hpcdp status`; --follow waits for it)")
+        if not args.follow:
+            return 0
+        _fallback_slurm_env()
+        infos = slurm.query_jobs([args.job])
+        if slurm.has_ended(infos[args.job], infos.accounting_available):
+            return 0
+        time.sleep(args.poll)
+
+
+def cmd_cancel(args) -> int:
+    from hpcdp import slurm, submit
+
+    records = submit.read_records()
+    if args.all == bool(args.jobs):
+        raise UsageError("hpcdp cancel: name job ids, or --all (the jobs hpcdp submitted that "
+                         "have not ended)")
+    _fallback_slurm_env()
+    if args.all:
+        infos = slurm.query_jobs([r["job_id"] for r in records])
+        ids = [job for job, info in infos.items() if info.source == "squeue"]  # still live
+    else:
+        ids = [_record_of(job, records)["job_id"] for job in args.jobs]
+    if not ids:
+        print("hpcdp: no job of hpcdp's is pending or running")
+        return 0
+    failed = slurm.cancel(ids)
+    if failed:
+        raise UsageError(f"scancel {' '.join(ids)} failed: {failed}")
+    print(f"cancelled {len(ids)} job(s): {' '.join(ids)}")
+    return 0
+
+
 def _print_status(records: list[dict], infos, as_json: bool) -> None:
+    from hpcdp import progress
+
     rows = []
     for record in records:
         info = infos.get(record["job_id"])
+        done = progress.of_run_dir(Path(record["run_dir"]))
         rows.append({**record, "state": info.state if info else "UNKNOWN",
                      "reason": info.reason if info else None,
                      "exit_code": info.exit_code if info else None,
                      "elapsed_s": info.elapsed_s if info else None,
-                     "restarts": info.restarts if info else None})
+                     "restarts": info.restarts if info else None,
+                     "progress": done.to_dict() if done else None})
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -312,6 +377,8 @@ def _print_status(records: list[dict], infos, as_json: bool) -> None:
             state += f" ({row['reason']})"
         print(f"{row['job_id']:>10}  {state:<12} {row['strategy']:<20} {row['nodes']:>5}  "
               f"{elapsed:>8}  {row['run_dir']}", flush=True)
+        if row["progress"]:
+            print(f"{'':>10}  {progress.Progress(**row['progress']).line()}", flush=True)
     if infos.accounting_available is False:
         print(f"hpcdp: sacct is unavailable ({infos.accounting_message}); ended jobs show "
               "UNKNOWN", file=sys.stderr)
@@ -439,6 +506,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", type=positive_float, metavar="SECONDS",
                    help="refresh every SECONDS until every job shown has ended")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("logs", help="print the log of a job hpcdp submitted")
+    p.add_argument("job", help="its job id (`hpcdp status` lists them)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
+    p.add_argument("--poll", type=positive_float, default=2.0, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("cancel", help="cancel jobs hpcdp submitted (scancel)")
+    p.add_argument("jobs", nargs="*", metavar="JOB", help="job ids")
+    p.add_argument("--all", action="store_true", help="every job of hpcdp's not yet ended")
+    p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("env", help="the distributed environment train/ derives in this shell")
     p.add_argument("--json", action="store_true")

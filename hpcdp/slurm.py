@@ -298,6 +298,12 @@ def merge(ids: list[str], live: dict[str, JobInfo], squeue_ok: bool,
     return table
 
 
+def cancel(job_ids: list[str], env: Mapping[str, str] | None = None) -> str | None:
+    """scancel the jobs; None when it worked, else scancel's reason."""
+    rc, _, err = _run(["scancel", *job_ids], env)
+    return None if rc == 0 else (_last_line(err) or f"scancel exited with {rc}")
+
+
 def has_ended(info: JobInfo, accounting_available: bool | None) -> bool:
     """Whether to stop waiting for a job: sacct gave a final state, or (without accounting)
     squeue no longer shows it, so no final record will ever come."""

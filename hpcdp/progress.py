@@ -1,0 +1,138 @@
+"""How far a run has got, read from its metrics.jsonl (for `hpcdp status`): step of total, the
+last loss, tokens/s and the time left. Reads the file's first and last bytes only, so a run of a
+million steps costs as little as a new one; no torch, no Slurm.
+
+A campaign folder (hpcdp compare) has no metrics of its own: its progress is the cell it is on
+(the first one of campaign.json not in cells.done), counted as cell k of N.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TAIL_BYTES = 64 * 1024
+"""Enough for the last dozens of step records (each about 600 bytes)."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    total_steps: int
+    loss: float | None
+    tokens_per_s: float | None
+    eta_s: float | None
+    """Steps left x the median step time of the last records; None until two steps ran."""
+    cell: str | None = None
+    """In a campaign: "k/N name" of the cell running (or the last one)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        """`120/300 loss 2.31 16,594 tok/s ETA 3m05s` (what is known)."""
+        parts = [f"{self.step}/{self.total_steps}"]
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.3f}")
+        if self.tokens_per_s is not None:
+            parts.append(f"{self.tokens_per_s:,.0f} tok/s")
+        if self.eta_s is not None:
+            parts.append(f"ETA {format_duration(self.eta_s)}")
+        if self.cell:
+            parts.insert(0, f"cell {self.cell}:")
+        return " ".join(parts)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _records(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut by the tail, or one being written
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def _head_and_tail(path: Path) -> tuple[str, str]:
+    with path.open("rb") as f:
+        head = f.readline().decode("utf-8", "replace")
+        size = f.seek(0, 2)
+        f.seek(max(0, size - TAIL_BYTES))
+        tail = f.read().decode("utf-8", "replace")
+    return head, tail
+
+
+def of_metrics(path: Path) -> Progress | None:
+    """Progress of one run's metrics.jsonl; None when it has no header yet."""
+    try:
+        head, tail = _head_and_tail(path)
+    except OSError:
+        return None
+    records = _records(tail)
+    # A resumed run appends a header per segment: the last one has the current settings, and
+    # only the records after it are of this segment (elapsed_s restarts with each).
+    starts = [i for i, r in enumerate(records) if r.get("kind") == "header"]
+    if starts:
+        header, records = records[starts[-1]], records[starts[-1] + 1:]
+    else:
+        header = next(iter(_records(head)), {})
+    if header.get("kind") != "header":
+        return None
+    total = int(header.get("config", {}).get("train", {}).get("steps") or 0)
+    steps = [r for r in records if r.get("kind") == "step" and isinstance(r.get("step"), int)]
+    summary = next((r for r in reversed(records) if r.get("kind") == "summary"), None)
+    if not steps:
+        return Progress(int(header.get("start_step") or 0), total, None, None, None)
+    last = steps[-1]
+    step = int(summary["steps"]) if summary and summary.get("steps") else last["step"]
+    # Step records are every log_interval steps: time per step from consecutive records.
+    recent = steps[-11:]
+    per_step = [(b["elapsed_s"] - a["elapsed_s"]) / (b["step"] - a["step"])
+                for a, b in zip(recent, recent[1:])
+                if b["step"] > a["step"] and isinstance(b.get("elapsed_s"), (int, float))
+                and isinstance(a.get("elapsed_s"), (int, float))]
+    eta = (max(0, total - step) * statistics.median(per_step)
+           if per_step and not summary else (0.0 if summary else None))
+    return Progress(step, total, last.get("loss"), last.get("tokens_per_s"), eta)
+
+
+def of_campaign(folder: Path) -> Progress | None:
+    """The running (or last) cell of a campaign folder, as cell k of N."""
+    try:
+        cells = json.loads((folder / "campaign.json").read_text())["cells"]
+        done = (folder / "cells.done").read_text() if (folder / "cells.done").exists() else ""
+    except (OSError, ValueError, KeyError):
+        return None
+    if not cells:
+        return None
+    # cells.done: one "cell KEY EXIT_CODE" line per cell that ran to its end.
+    finished = {parts[1] for parts in map(str.split, done.splitlines())
+                if len(parts) == 3 and parts[0] == "cell"}
+    current = next((i for i, c in enumerate(cells) if c["key"] not in finished), len(cells) - 1)
+    cell = cells[current]
+    inner = of_metrics(Path(cell["run_dir"]) / "metrics.jsonl")
+    label = f"{current + 1}/{len(cells)} {cell['key']}"
+    if inner is None:
+        return Progress(0, 0, None, None, None, cell=label)
+    return Progress(inner.step, inner.total_steps, inner.loss, inner.tokens_per_s, inner.eta_s,
+                    cell=label)
+
+
+def of_run_dir(run_dir: Path) -> Progress | None:
+    """What `hpcdp status` shows for a job's run folder (a cell's or a campaign's)."""
+    if (run_dir / "campaign.json").exists():
+        return of_campaign(run_dir)
+    return of_metrics(run_dir / "metrics.jsonl")

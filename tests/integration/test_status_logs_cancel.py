@@ -1,0 +1,79 @@
+"""`hpcdp status` with progress, `hpcdp logs` and `hpcdp cancel`, on a real job of the local
+cluster (issue 12, item 3)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcdp import slurm
+
+pytestmark = pytest.mark.slurm
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_submit import hpcdp, wait_final  # noqa: E402
+
+# Long enough to be caught running (about 30 ms a step here), logged every 5 steps.
+LONG = ["--set", "train.steps=5000", "--set", "train.log_interval=5",
+        "--set", "train.eval_interval=0", "--set", "train.checkpoint_interval=0"]
+
+
+def wait_for_steps(run_dir: Path, at_least: int, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    metrics = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.exists() and sum('"kind": "step"' in line
+                                    for line in metrics.read_text().splitlines()) >= at_least:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{metrics}: fewer than {at_least} step records after {timeout_s} s")
+
+
+def test_status_shows_progress_logs_print_and_cancel_stops_the_job(slurm_cluster, tmp_path,
+                                                                   monkeypatch):
+    # Its own job records: `cancel --all` must see only this test's job.
+    monkeypatch.setenv("HPCDP_STATE_DIR", str(tmp_path / "state"))
+    submitted = hpcdp("submit", "--strategy", "single-gpu", "--out", str(tmp_path / "runs"),
+                      *LONG, cwd=tmp_path)
+    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
+    run_dir = Path(re.search(r"run:\s+(\S+)", submitted.stdout).group(1))
+    try:
+        wait_for_steps(run_dir, 3)
+        rows = {r["job_id"]: r for r in json.loads(hpcdp("status", "--json", cwd=tmp_path).stdout)}
+        done = rows[job_id]["progress"]
+        assert rows[job_id]["state"] == "RUNNING"
+        assert done["total_steps"] == 5000 and 15 <= done["step"] < 5000
+        assert done["eta_s"] > 0 and done["tokens_per_s"] > 0 and done["loss"] > 0
+        text = hpcdp("status", cwd=tmp_path).stdout
+        assert re.search(r"\d+/5000 loss \d+\.\d+ [\d,]+ tok/s ETA \S+", text), text
+
+        log = hpcdp("logs", job_id, cwd=tmp_path).stdout
+        assert f"hpcdp: job {job_id} restart 0 strategy single-gpu" in log
+        assert "step 5/5000 | loss" in log
+
+        cancelled = hpcdp("cancel", job_id, cwd=tmp_path)
+        assert cancelled.stdout.strip() == f"cancelled 1 job(s): {job_id}"
+    finally:
+        slurm.cancel([job_id])
+    assert wait_final(job_id).state == "CANCELLED"
+    # --follow returns once the job has ended, with the whole log.
+    followed = hpcdp("logs", "--follow", job_id, cwd=tmp_path, timeout=120).stdout
+    assert "SIGTERM (preemption or scancel)" in followed
+    assert hpcdp("cancel", "--all", cwd=tmp_path).stdout.strip() == (
+        "hpcdp: no job of hpcdp's is pending or running")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["logs", "1"], "job '1' was not submitted by hpcdp"),
+    (["cancel", "1"], "job '1' was not submitted by hpcdp"),
+    (["cancel"], "name job ids, or --all"),
+])
+def test_jobs_hpcdp_did_not_submit_are_refused_in_one_line(slurm_cluster, tmp_path, argv, says):
+    result = hpcdp(*argv, cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
