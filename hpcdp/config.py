@@ -45,8 +45,11 @@ class ClusterProfile:
     (`--signal=B:USR2@N`); default: a tenth of the limit, at most 120 s."""
     gpus_per_node: int = 0
     """GPUs on each node; 0 for CPU-only nodes (then cpu_ranks_per_node ranks per node)."""
-    gpu_request: Literal["gpus-per-node", "gres"] = "gpus-per-node"
-    """How the cluster wants GPUs asked: `--gpus-per-node=N` or `--gres=gpu:N`."""
+    gpu_request: Literal["gpus-per-node", "gres", "gpus-per-task"] = "gpus-per-node"
+    """How the cluster wants GPUs asked: `--gpus-per-node=N`, `--gres=gpu:N`, or
+    `--gpus-per-task=N/tasks` (each task then sees only its own GPUs)."""
+    gpu_bind: str | None = None
+    """Optional `--gpu-bind=` value (e.g. closest, single:1, map_gpu:0,1)."""
     gpu_type: str | None = None
     """Optional GPU type, e.g. v100: `--gres=gpu:v100:N` / `--gpus-per-node=v100:N`."""
     cpu_ranks_per_node: int = 1
@@ -68,6 +71,10 @@ class ClusterProfile:
     """srun --mpi plugin for MPI launches (see `srun --mpi=list`)."""
     horovod_controller: Literal["mpi", "gloo"] = "mpi"
     """Horovod's controller: MPI through srun --mpi, or Gloo with a rendezvous set up by hpcdp."""
+    launcher: Literal["srun", "torchrun"] = "srun"
+    """How DDP's ranks start: srun starts every rank (one task per device), or srun starts one
+    torchrun per node, which starts the node's ranks (c10d rendezvous at the first node, on the
+    job's port). Horovod and the one-process strategies always start with srun."""
     extra_sbatch: list[str] = field(default_factory=list)
     """Extra `#SBATCH` options, each like `--constraint=v100` or `--exclusive`."""
     output_dir: str = "runs"
@@ -172,6 +179,8 @@ class DataConfig:
     """For `bpe`: the vocabulary to train. Checked against the tokenizer for every kind."""
     gpt2_files: str | None = None
     """For `gpt2`: a gpt2.tiktoken file, or a folder with vocab.json and merges.txt."""
+    text_field: str = "text"
+    """The field of a JSONL corpus, or the column of a Parquet one, that holds each document."""
     prepared_dir: str = "data/prepared"
     """Where `python -m train prepare` writes token files (relative to the cwd)."""
     val_fraction: float = 0.05
@@ -185,6 +194,8 @@ class DataConfig:
             _at_least("data.vocab_size", self.vocab_size, 257)
         if self.tokenizer == "bpe" and self.vocab_size is None:
             raise UsageError("data.vocab_size is required with data.tokenizer 'bpe' (e.g. 8192)")
+        if not self.text_field.strip():
+            raise UsageError("data.text_field must name a field or column, e.g. text")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -136,6 +136,20 @@ class DistEnv:
             return 0
         return self.local_rank % visible_devices
 
+    def check_visible_devices(self, visible: int, bound: bool) -> None:
+        """One GPU per rank on this node, or a usage error before NCCL's duplicate-GPU one.
+
+        `bound`: CUDA_VISIBLE_DEVICES is set for this task (--gpus-per-task, --gpu-bind): each
+        task sees GPUs of its own, and local_rank modulo what it sees picks one of them.
+        Otherwise the node's tasks share what they see, and need at least one GPU each."""
+        tasks = self.local_world_size
+        if visible <= 0 or tasks <= 1 or visible >= tasks or bound:
+            return
+        raise DistEnvError(
+            f"{tasks} ranks on this node share {visible} visible GPU(s), so two ranks would "
+            "drive one GPU; ask for one GPU per rank (cluster.gpus_per_node >= ranks per node, "
+            "or gpu_request: gpus-per-task) or start fewer ranks per node")
+
     def torch_env(self) -> dict[str, str]:
         """The variables torch.distributed's env:// rendezvous reads (and torchrun would set)."""
         if not self.master_addr:

@@ -155,8 +155,12 @@ def sbatch_directives(profile: ClusterProfile, strategy: StrategySpec, nodes: in
         kind = f"{_sbatch_value(profile.gpu_type, 'cluster.gpu_type')}:" if profile.gpu_type else ""
         if profile.gpu_request == "gres":
             lines.append(f"--gres=gpu:{kind}{gpus}")
+        elif profile.gpu_request == "gpus-per-task":  # DataParallel's one task takes them all
+            lines.append(f"--gpus-per-task={kind}{max(1, gpus // tasks)}")
         else:
             lines.append(f"--gpus-per-node={kind}{gpus}")
+        if profile.gpu_bind:
+            lines.append(f"--gpu-bind={_sbatch_value(profile.gpu_bind, 'cluster.gpu_bind')}")
     lines.extend(extra_sbatch_line(opt) for opt in profile.extra_sbatch)
     return lines
 
@@ -176,6 +180,8 @@ def script_context(profile: ClusterProfile, experiment: Experiment, strategy: St
         "tasks_per_node": tasks,
         "world_size": nodes * tasks,
         "directives": sbatch_directives(profile, strategy, nodes, name),
+        # One torchrun per node starts the node's ranks: DDP only (Horovod needs srun's MPI).
+        "torchrun_per_node": (profile.launcher == "torchrun" and strategy.mechanism == "ddp"),
         "profile": profile,
         "modules": profile.modules,
         "setup": profile.setup,

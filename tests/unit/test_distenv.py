@@ -277,6 +277,34 @@ def test_gpus_per_task_every_task_uses_its_only_visible_device() -> None:
     assert detect(N2X4_5).device_index(0) == 0  # no devices: CPU
 
 
+# (bound: CUDA_VISIBLE_DEVICES set for the task, visible GPUs, index of each of the node's 4
+# local ranks, or None: refused before NCCL would find two ranks on one GPU)
+BINDINGS = {
+    "--gpus-per-task=1: each task sees its own one": (True, 1, [0, 0, 0, 0]),
+    "--gpus-per-task=2 (or --gpu-bind): its own two": (True, 2, [0, 1, 0, 1]),
+    "--gpus-per-node=4, no binding: all four shared": (False, 4, [0, 1, 2, 3]),
+    "--gpu-bind=none with CUDA_VISIBLE_DEVICES=0,1,2,3": (True, 4, [0, 1, 2, 3]),
+    "four ranks, two GPUs shared": (False, 2, None),
+    "four ranks, one GPU shared": (False, 1, None),
+    "no GPU: the CPU": (False, 0, [0, 0, 0, 0]),
+}
+
+
+@pytest.mark.parametrize("case", list(BINDINGS))
+def test_device_choice_under_each_gpu_binding(case: str) -> None:
+    bound, visible, expected = BINDINGS[case]
+    for local_rank in range(4):
+        env = detect(with_changes(N2X4_5, SLURM_LOCALID=str(local_rank),
+                                  SLURM_PROCID=str(4 + local_rank)))
+        if expected is None:
+            with pytest.raises(DistEnvError, match=rf"4 ranks on this node share {visible} "
+                                                   r"visible GPU\(s\).*gpus-per-task"):
+                env.check_visible_devices(visible, bound)
+            continue
+        env.check_visible_devices(visible, bound)
+        assert env.device_index(visible) == expected[local_rank]
+
+
 def test_requeued_job_counts_restarts() -> None:
     env = detect(REQUEUED_1)
     assert env.restart_count == 1

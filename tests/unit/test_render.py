@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpcdp import config, render, strategies
+from hpcdp.errors import UsageError
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 REGENERATE = "HPCDP_REGENERATE_GOLDEN=1 python -m pytest tests/unit/test_render.py"
@@ -70,6 +71,41 @@ def test_directives_follow_the_profile(tmp_path):
     assert "#SBATCH --gres=gpu:1" in single and "#SBATCH --ntasks-per-node=1" in single
     dp = _render("single-ps", 1, "generic-gpu", tmp_path)
     assert "#SBATCH --gres=gpu:4" in dp and "#SBATCH --ntasks-per-node=1" in dp
+
+
+def test_gpus_per_task_asks_each_task_for_its_own_gpus(tmp_path):
+    def directives(strategy: str, **profile) -> list[str]:
+        text = _render(strategy, 1 if strategy.startswith("single") else 2, "generic-gpu", tmp_path,
+                       gpu_request="gpus-per-task", **profile)
+        return [line for line in text.splitlines() if line.startswith("#SBATCH --gpu")]
+
+    assert directives("distributed-ps", gpu_bind="closest") == [
+        "#SBATCH --gpus-per-task=1", "#SBATCH --gpu-bind=closest"]
+    assert directives("horovod", gpu_type="h100") == ["#SBATCH --gpus-per-task=h100:1"]
+    assert directives("single-gpu") == ["#SBATCH --gpus-per-task=1"]
+    assert directives("single-ps") == ["#SBATCH --gpus-per-task=4"]  # DataParallel: all four
+    with pytest.raises(UsageError, match="cluster.gpu_bind 'map_gpu:0 1' may hold only"):
+        _render("distributed-ps", 2, "generic-gpu", tmp_path, gpu_request="gpus-per-task",
+                gpu_bind="map_gpu:0 1")
+
+
+def test_torchrun_launcher_starts_one_torchrun_per_node_for_ddp_only(tmp_path):
+    text = _render("distributed-ps", 2, "local", tmp_path, cpu_ranks_per_node=2,
+                   launcher="torchrun")
+    launch = [line for line in text.splitlines() if line.startswith("srun ")]
+    assert launch == [
+        'srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}"'
+        ' ${HPCDP_CAMPAIGN:+--exact} --kill-on-bad-exit=1 "$PYTHON" -m torch.distributed.run'
+        ' --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d'
+        ' --rdzv-endpoint="$RDZV_HOST:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID" -m train'
+        ' "${TRAIN_ARGS[@]}" &']
+    assert "#SBATCH --ntasks-per-node=2" in text  # the allocation is the same as with srun
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    for strategy in ("horovod", "single-gpu"):
+        other = _render(strategy, 1, "local", tmp_path, launcher="torchrun")
+        assert "torch.distributed.run" not in other
 
 
 def test_cpu_profile_uses_cpu_ranks_per_node(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -110,6 +111,7 @@ def device_for(env: DistEnv) -> torch.device:
     n_gpus = torch.cuda.device_count()
     if not n_gpus:
         return torch.device("cpu")
+    env.check_visible_devices(n_gpus, bound=bool(os.environ.get("CUDA_VISIBLE_DEVICES")))
     index = env.device_index(n_gpus)
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
