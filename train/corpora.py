@@ -1,4 +1,5 @@
-"""Where training text comes from: named corpora, folders of text files, JSON lists of strings.
+"""Where training text comes from: named corpora, text files, JSON lists of strings, JSONL and
+Parquet files (the field or column data.text_field), and folders of any of these.
 
 `resolve_corpus(spec)` turns `data.corpus` into a `Corpus`: a short name (used to name the
 prepared folder), the input files (hashed into meta.json so a changed corpus is noticed) and
@@ -8,6 +9,7 @@ tokenizes; train/data.py does that.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -93,6 +95,60 @@ def _read_json_list(path: Path) -> Iterator[str]:
     yield from data
 
 
+def _read_jsonl(path: Path, field: str) -> Iterator[str]:
+    """One JSON object per line, its `field` the document (the files of a HF dataset)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"data.corpus {str(path)!r} line {n} is not JSON "
+                                 f"({_short(exc)}); expected one object per line") from None
+            text = record.get(field) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                keys = ", ".join(sorted(record)) if isinstance(record, dict) else "not an object"
+                raise UsageError(f"data.corpus {str(path)!r} line {n} has no string field "
+                                 f"{field!r} (data.text_field); it has: {keys}")
+            yield text
+
+
+def _read_parquet(path: Path, field: str) -> Iterator[str]:
+    """The string column `field`, read a record batch at a time (pyarrow)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UsageError(f"data.corpus {str(path)!r} is Parquet, which needs pyarrow: "
+                         "pip install pyarrow") from None
+    parquet = pq.ParquetFile(path)
+    columns = parquet.schema_arrow.names
+    if field not in columns:
+        raise UsageError(f"data.corpus {str(path)!r} has no column {field!r} (data.text_field); "
+                         f"its columns: {', '.join(columns)}")
+    for batch in parquet.iter_batches(columns=[field], batch_size=4096):
+        yield from (text for text in batch.column(0).to_pylist() if text)
+
+
+READERS = {".txt": "text", ".md": "text", ".json": "json", ".jsonl": "jsonl",
+           ".parquet": "parquet"}
+"""Readable suffixes; a folder is read for all but .json (a folder's JSON files are often
+metadata, not corpora)."""
+
+
+def _reader(suffix: str, field: str) -> Callable[[Path], Iterator[str]]:
+    kind = READERS[suffix]
+    if kind == "jsonl":
+        return functools.partial(_read_jsonl, field=field)
+    if kind == "parquet":
+        return functools.partial(_read_parquet, field=field)
+    return _read_json_list if kind == "json" else _read_text_file
+
+
+def _read_by_suffix(path: Path, field: str) -> Iterator[str]:
+    yield from _reader(path.suffix.lower(), field)(path)
+
+
 def _short(exc: Exception) -> str:
     return " ".join(str(exc).split())[:120]
 
@@ -142,8 +198,9 @@ def corpus_name(spec: str) -> str:
     return f"{_slug(stem)}-{tag}"
 
 
-def resolve_corpus(spec: str) -> Corpus:
-    """data.corpus -> Corpus. `synthetic` has no files and is handled by train/data.py."""
+def resolve_corpus(spec: str, text_field: str = "text") -> Corpus:
+    """data.corpus -> Corpus. `synthetic` has no files and is handled by train/data.py.
+    text_field: the JSONL field or Parquet column holding each document."""
     if spec == "shakespeare":
         return _shakespeare()
     if spec == "fortunes":
@@ -154,27 +211,25 @@ def resolve_corpus(spec: str) -> Corpus:
     name = corpus_name(spec)
     if path.is_dir():
         files = tuple(sorted(
-            p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES
+            p for p in path.rglob("*")
+            if p.is_file() and p.suffix.lower() in READERS and p.suffix.lower() != ".json"
         ))
         if not files:
-            raise UsageError(
-                f"data.corpus folder {spec!r} holds no .txt or .md files (searched recursively)"
-            )
+            raise UsageError(f"data.corpus folder {spec!r} holds no {FOLDER_KINDS} files "
+                             "(searched recursively)")
         return Corpus(name, str(path.resolve()), files, path,
-                      _read_text_file)
+                      functools.partial(_read_by_suffix, field=text_field))
     if path.is_file():
         suffix = path.suffix.lower()
-        if suffix == ".json":
-            reader = _read_json_list
-        elif suffix in TEXT_SUFFIXES:
-            reader = _read_text_file
-        else:
-            raise UsageError(
-                f"data.corpus file {spec!r} must be a .json list of strings or a .txt/.md file"
-            )
-        return Corpus(name, str(path.resolve()), (path,), None, reader)
+        if suffix not in READERS:
+            raise UsageError(f"data.corpus file {spec!r} must be one of: {FILE_KINDS}")
+        return Corpus(name, str(path.resolve()), (path,), None, _reader(suffix, text_field))
     raise UsageError(
         f"data.corpus {spec!r} is not a named corpus{did_you_mean(spec, NAMED)} and no such file "
-        f"or folder exists; valid: {', '.join(NAMED)}, a folder of .txt/.md files, "
-        "or a .json list of strings"
+        f"or folder exists; valid: {', '.join(NAMED)}, {FILE_KINDS}, or a folder of "
+        f"{FOLDER_KINDS} files"
     )
+
+
+FOLDER_KINDS = ".txt/.md/.jsonl/.parquet"
+FILE_KINDS = "a .txt/.md file, a .json list of strings, a .jsonl or a .parquet file"

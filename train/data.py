@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import time
@@ -32,6 +34,7 @@ import numpy as np
 
 from hpcdp.config import Experiment
 from hpcdp.errors import UsageError
+from train import shards
 from train.corpora import SYNTHETIC, Corpus, corpus_name, resolve_corpus
 from train.tokenizer import (
     BPE_FILE,
@@ -63,6 +66,8 @@ def prepared_path(exp: Experiment) -> Path:
     d = exp.data
     vocab = expected_vocab_size(d.tokenizer, d.vocab_size)
     name = f"{corpus_name(d.corpus)}_{d.tokenizer}-{vocab}_val{d.val_fraction:g}"
+    if d.text_field != "text":  # another field of the same files is another corpus
+        name += f"_field-{hashlib.sha256(d.text_field.encode()).hexdigest()[:8]}"
     return Path(d.prepared_dir).expanduser() / name
 
 
@@ -82,7 +87,10 @@ def prepare(exp: Experiment, log: Callable[[str], None] = print) -> Path:
     if d.corpus == SYNTHETIC:
         log("corpus 'synthetic' needs no preparation: its tokens are generated when opened")
         return folder
-    corpus = resolve_corpus(d.corpus)
+    if shards.is_shard_folder(d.corpus):
+        log(f"corpus {d.corpus!r} is pre-tokenized .bin shards: nothing to prepare")
+        return Path(d.corpus).expanduser()
+    corpus = resolve_corpus(d.corpus, d.text_field)
     if (folder / META_FILE).exists():
         return _check_existing(folder, corpus, log)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -178,10 +186,8 @@ def _build(exp: Experiment, corpus: Corpus, vocab: int, tmp: Path,
     dtype = token_dtype(vocab)
     writer = _SplitWriter(tmp, dtype, d.val_fraction)
     n_docs = 0
-    for text in corpus.documents():
-        ids = tok.encode(text)
-        ids.extend(tok.separator)
-        writer.add(np.asarray(ids, dtype=np.int64))
+    for ids in _encoded(corpus, tok, log):
+        writer.add(ids)
         n_docs += 1
     counts = writer.close()
     if counts["train"] == 0:
@@ -213,6 +219,64 @@ def _build(exp: Experiment, corpus: Corpus, vocab: int, tmp: Path,
     log(f"tokenized {n_docs} documents: {counts['train']} train + {counts['val']} val tokens "
         f"in {meta['seconds']} s")
     return meta
+
+
+PARALLEL_FROM_BYTES = 4 << 20
+"""Corpora smaller than this are tokenized in this process (a pool costs more than it saves)."""
+_worker_tokenizer: Tokenizer | None = None
+
+
+def prepare_workers(corpus_bytes: int) -> int:
+    """Worker processes for tokenizing: every CPU this process may use (its Slurm task's, where
+    the affinity mask says so), one per PARALLEL_FROM_BYTES of corpus at most."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cpus or 1, corpus_bytes // PARALLEL_FROM_BYTES))
+
+
+def _init_worker(tok: Tokenizer) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tok
+
+
+def _encode(text: str, tok: Tokenizer | None = None) -> np.ndarray:
+    tok = tok or _worker_tokenizer
+    ids = tok.encode(text)
+    ids.extend(tok.separator)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def _encoded(corpus: Corpus, tok: Tokenizer, log: Callable[[str], None]) -> Iterator[np.ndarray]:
+    """Every document's tokens plus the separator, in corpus order, from worker processes when
+    the corpus is big enough (ordered map: the same files as one process writes), with a
+    progress bar on stderr."""
+    from tqdm import tqdm
+
+    size = sum(path.stat().st_size for path in corpus.files)
+    workers = prepare_workers(size)
+    log(f"tokenizing {size / 1e6:.1f} MB with {workers} process(es)")
+    tty = os.isatty(2)
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc="prepare",
+               mininterval=1.0 if tty else 30.0, disable=not tty and size < PARALLEL_FROM_BYTES)
+    try:
+        if workers == 1:
+            for text in corpus.documents():
+                bar.update(len(text))
+                yield _encode(text, tok)
+            return
+        # fork: the workers inherit the tokenizer as it is (nothing pickled, nothing reloaded).
+        # Hugging Face tokenizers' own threads are off in forked children; say so, quietly.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(tok,)) as pool:
+            yield from pool.imap(_encode, _counted(corpus.documents(), bar), chunksize=16)
+    finally:
+        bar.close()
+
+
+def _counted(texts: Iterator[str], bar) -> Iterator[str]:
+    for text in texts:
+        bar.update(len(text))  # characters, against the files' bytes: near enough for a bar
+        yield text
 
 
 class _SplitWriter:
@@ -308,6 +372,12 @@ def open_data(exp: Experiment) -> TokenData:
                 "dtype": dtype.name, "n_train_tokens": SYNTHETIC_TOKENS["train"],
                 "n_val_tokens": SYNTHETIC_TOKENS["val"]}
         return TokenData(vocab, meta, None, splits)
+    if shards.is_shard_folder(d.corpus):  # memory-mapped where they are, nothing copied
+        streams = shards.open_shards(Path(d.corpus).expanduser(), vocab)
+        meta = {"corpus": d.corpus, "tokenizer": d.tokenizer, "vocab_size": vocab,
+                "dtype": streams["train"].dtype.name, "format": "shards",
+                **{f"n_{split}_tokens": len(t) for split, t in streams.items()}}
+        return TokenData(vocab, meta, None, streams)
     folder = prepared_path(exp)
     if not (folder / META_FILE).exists():
         raise UsageError(

@@ -214,12 +214,68 @@ def test_bad_json_corpus_is_a_usage_error(tmp_path, content, problem):
     assert not any(".tmp-" in p.name for p in prepared.iterdir()) if prepared.exists() else True
 
 
+DOCS = ["The first document, short.", "Ünïcode in the second one. " * 40, "A third."]
+
+
+def write_jsonl(path: Path, field: str = "text") -> Path:
+    path.write_text("".join(json.dumps({"id": i, field: t}) + "\n" for i, t in enumerate(DOCS)))
+    return path
+
+
+def write_parquet(path: Path, column: str = "text") -> Path:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": list(range(len(DOCS))), column: DOCS}), path)
+    return path
+
+
+@pytest.mark.parametrize("writer", [write_jsonl, write_parquet])
+def test_jsonl_and_parquet_corpora_give_the_documents_of_their_text_field(tmp_path, writer):
+    corpus = writer(tmp_path / ("c.jsonl" if writer is write_jsonl else "c.parquet"), "body")
+    exp = make_exp(tmp_path, corpus=str(corpus), val_fraction=0.1, text_field="body")
+    prepare(exp, log=quiet)
+    data = open_data(exp)
+    assert data.meta["n_documents"] == 3
+    stream = np.concatenate([data.tokens("train"), data.tokens("val")])
+    assert data.tokenizer().decode(stream.tolist()) == "".join(t + "\n\n" for t in DOCS)
+    # Another field of the same file is another prepared folder.
+    assert prepared_path(exp) != prepared_path(make_exp(tmp_path, corpus=str(corpus)))
+
+
+def test_a_folder_mixes_text_jsonl_and_parquet_files_in_name_order(tmp_path):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl")
+    write_parquet(folder / "b.parquet")
+    (folder / "c.txt").write_text("plain text")
+    (folder / "meta.json").write_text('{"not": "a corpus"}')
+    docs = list(corpora.resolve_corpus(str(folder)).documents())
+    assert docs == DOCS + DOCS + ["plain text"]
+
+
+def test_a_missing_text_field_names_what_there_is(tmp_path):
+    jsonl = write_jsonl(tmp_path / "c.jsonl", field="content")
+    with pytest.raises(UsageError, match=r"line 1 has no string field 'text' \(data.text_field\);"
+                                         r" it has: content, id"):
+        list(corpora.resolve_corpus(str(jsonl)).documents())
+    parquet = write_parquet(tmp_path / "c.parquet", column="content")
+    with pytest.raises(UsageError, match=r"has no column 'text' \(data.text_field\); its "
+                                         r"columns: id, content"):
+        list(corpora.resolve_corpus(str(parquet)).documents())
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\nnot json\n')
+    with pytest.raises(UsageError, match="line 2 is not JSON"):
+        list(corpora.resolve_corpus(str(tmp_path / "bad.jsonl")).documents())
+    with pytest.raises(UsageError, match="data.text_field must name a field"):
+        DataConfig(text_field=" ")
+
+
 def test_missing_corpus_says_what_is_valid(tmp_path):
     with pytest.raises(UsageError, match="'shakespear' is not a named corpus.*did you mean"):
         prepare(make_exp(tmp_path, corpus="shakespear"), log=quiet)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(UsageError, match="no .txt or .md files"):
+    with pytest.raises(UsageError, match=r"no .txt/.md/.jsonl/.parquet files"):
         prepare(make_exp(tmp_path, corpus=str(empty)), log=quiet)
 
 
