@@ -38,11 +38,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--skip-steps", type=int, default=10)
     p.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE")
+    p.add_argument("--out", type=Path, help="keep the campaign here (default: a temporary "
+                   "folder, deleted at the end)")
     args = p.parse_args()
     sets = [f"matrix.strategies=[{','.join(STRATEGIES)}]", "matrix.nodes=[1,2]",
             f"train.steps={args.steps}", "train.log_interval=10", "train.eval_interval=0",
             "train.checkpoint_interval=0", *args.sets]
-    with tempfile.TemporaryDirectory(prefix="bench-scaling-") as out:
+    with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
+        out = str(args.out or tmp)
         cmd = [PYTHON, "-m", "hpcdp", "compare", "--experiment", "smoke", "--repeats",
                str(args.repeats), "--out", out, "--wait", *[a for s in sets for a in ("--set", s)]]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)

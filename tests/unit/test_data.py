@@ -164,6 +164,25 @@ def test_publish_keeps_the_first_folder_when_two_finish(tmp_path):
         publish(second, stray)
 
 
+def test_worker_processes_write_the_same_files_as_one_process(tmp_path, small_corpus,
+                                                               monkeypatch):
+    from train import data as data_module
+
+    logs = []
+    monkeypatch.setattr(data_module, "PARALLEL_FROM_BYTES", 1 << 30)  # one process
+    serial = prepare(make_exp(tmp_path, corpus=str(small_corpus),
+                              prepared_dir=str(tmp_path / "serial")), log=logs.append)
+    monkeypatch.setattr(data_module, "PARALLEL_FROM_BYTES", 1 << 10)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    parallel = prepare(make_exp(tmp_path, corpus=str(small_corpus),
+                                prepared_dir=str(tmp_path / "parallel")), log=logs.append)
+    assert any("with 1 process(es)" in line for line in logs)
+    assert any("with 3 process(es)" in line for line in logs)  # every core it may use
+    for name in ("train.bin", "val.bin"):
+        assert (serial / name).read_bytes() == (parallel / name).read_bytes()
+    assert data_module.prepare_workers(10 << 10) == 3 and data_module.prepare_workers(10) == 1
+
+
 def test_a_changed_corpus_is_noticed(tmp_path, small_corpus):
     exp = make_exp(tmp_path, corpus=str(small_corpus))
     prepare(exp, log=quiet)
