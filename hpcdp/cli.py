@@ -167,9 +167,14 @@ def cmd_submit(args) -> int:
 
     profile, experiment = _load(args)
     jobs = _render_selection(args, profile, experiment)
+    # Several cells: their data is tokenized once, by a job they wait for, not by each cell.
+    prepare = (render.render_prepare_job(profile, experiment, output_dir=args.out)
+               if len(jobs) > 1 and experiment.data.corpus != "synthetic" else None)
     if args.dry_run:
-        for job in jobs:
-            print(f"# would submit: sbatch {job.script_path}  (nothing written, nothing submitted)")
+        for job in ([prepare] if prepare else []) + jobs:
+            after = " --dependency=afterok:<prepare job>" if prepare and job is not prepare else ""
+            print(f"# would submit: sbatch{after} {job.script_path}  (nothing written, nothing "
+                  "submitted)")
             sys.stdout.write(job.text)
         return 0
     _check_horovod(jobs, profile)
@@ -177,17 +182,22 @@ def cmd_submit(args) -> int:
     _check_partition_fits(jobs, profile)
     submit.check_run_dirs_free(jobs)
     _claim_run_dirs(jobs, experiment, args)
-    take_back = render.write_jobs(jobs, experiment)
-    records = []
-    for i, job in enumerate(jobs):
+    ordered = ([prepare] if prepare else []) + jobs
+    take_back = render.write_jobs(ordered, experiment)
+    records: list[dict] = []
+    for i, job in enumerate(ordered):
         try:
-            record = submit.submit_job(job, profile.name, experiment.name)
+            record = submit.submit_job(
+                job, profile.name, experiment.name, label="prepare" if job is prepare else None,
+                after=records[0]["job_id"] if prepare and job is not prepare else None)
         except UsageError:
-            for unsubmitted in jobs[i:]:  # a refused job leaves no files behind
+            for unsubmitted in ordered[i:]:  # a refused job leaves no files behind
                 take_back[unsubmitted.run_dir]()
             raise
         records.append(record)
-        print(f"submitted job {record['job_id']}: {job.strategy.name} on {job.nodes} node(s)")
+        what = ("prepares the data; the cells start after it" if job is prepare
+                else f"{job.strategy.name} on {job.nodes} node(s)")
+        print(f"submitted job {record['job_id']}: {what}")
         print(f"  script: {record['script']}")
         print(f"  log:    {record['log']}")
         print(f"  run:    {record['run_dir']}")
@@ -324,7 +334,9 @@ def cmd_logs(args) -> int:
             return 0
         _fallback_slurm_env()
         infos = slurm.query_jobs([args.job])
-        if slurm.has_ended(infos[args.job], infos.accounting_available):
+        info = infos[args.job]
+        # UNKNOWN: neither squeue nor sacct knows it any more; nothing will be written.
+        if slurm.has_ended(info, infos.accounting_available) or info.state == slurm.UNKNOWN:
             return 0
         time.sleep(args.poll)
 
@@ -334,7 +346,7 @@ def cmd_cancel(args) -> int:
 
     records = submit.read_records()
     if args.all == bool(args.jobs):
-        raise UsageError("hpcdp cancel: name job ids, or --all (the jobs hpcdp submitted that "
+        raise UsageError("cancel what? name job ids, or --all (the jobs hpcdp submitted that "
                          "have not ended)")
     _fallback_slurm_env()
     if args.all:

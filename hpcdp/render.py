@@ -23,7 +23,7 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from hpcdp import PROJECT_ROOT, TEMPLATES_DIR, __version__, distenv, slurm
+from hpcdp import PROJECT_ROOT, TEMPLATES_DIR, __version__, distenv, slurm, strategies
 from hpcdp.config import ClusterProfile, Experiment, as_dict, load_yaml_text
 from hpcdp.errors import UsageError
 from hpcdp.strategies import StrategySpec
@@ -248,6 +248,31 @@ def render_job(profile: ClusterProfile, experiment: Experiment, strategy: Strate
         experiment_file=experiment_file,
         text=text,
     )
+
+
+PREPARE_FOLDER = "prepare"
+
+
+def render_prepare_job(profile: ClusterProfile, experiment: Experiment, *,
+                       output_dir: str | None = None) -> RenderedJob:
+    """The job that tokenizes a matrix's data once (templates/prepare.sbatch.j2), in
+    <output>/<experiment>/prepare/: one task with the CPUs of a node's ranks, no GPU, no
+    requeue. Pure: writes nothing."""
+    single = strategies.get("single-gpu")  # one task on one node: the smallest cell's shape
+    root = Path(output_dir or profile.output_dir).expanduser()
+    run_dir = (root / experiment.name / PREPARE_FOLDER).absolute()
+    _no_newline(str(run_dir), "output directory")
+    name = f"{experiment.name}-prepare"
+    cpus = (profile.cpus_per_task or 1) * profile.devices_per_node()
+    directives = [line for line in sbatch_directives(profile, single, 1, name)
+                  if not line.startswith(("--gpus", "--gres", "--gpu-bind", "--cpus-per-task",
+                                          "--requeue", "--signal"))]
+    context = script_context(profile, experiment, single, 1, run_dir, name)
+    context.update(directives=[*directives, f"--cpus-per-task={cpus}"], train_options=[])
+    return RenderedJob(strategy=single, nodes=1, tasks_per_node=1, run_dir=run_dir,
+                       script_path=run_dir / "job.sbatch",
+                       experiment_file=run_dir / EXPERIMENT_FILE,
+                       text=render_template("prepare.sbatch.j2", context))
 
 
 def experiment_yaml(experiment: Experiment) -> str:

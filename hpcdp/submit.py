@@ -26,11 +26,13 @@ if TYPE_CHECKING:  # jinja2 is not needed by `hpcdp status`
     from hpcdp.render import RenderedJob
 
 
-# The two submitit hooks hpcdp relies on. Neither is public, and submitit has no public call
-# that submits a given script text: `_make_submission_file_text` returns the sbatch text
-# (overridden to return hpcdp's rendered script), `_submit_command` writes it and runs sbatch.
+# The submitit hooks hpcdp relies on. None is public, and submitit has no public call that
+# submits a given script text: `_make_submission_file_text` returns the sbatch text (overridden
+# to return hpcdp's rendered script), `_make_submission_command` the sbatch command line
+# (overridden to add --dependency), `_submit_command` writes the file and runs sbatch.
 # Checked against the installed submitit before use; pyproject.toml pins the known-good range.
 SUBMITIT_HOOKS = {"_make_submission_file_text": ("self", "command", "uid"),
+                  "_make_submission_command": ("self", "submission_file_path"),
                   "_submit_command": ("self", "command")}
 SUBMITIT_KNOWN_GOOD = ">=1.5,<1.6"
 
@@ -60,12 +62,15 @@ def _executor_class():
     class RenderedScriptExecutor(submitit.SlurmExecutor):
         """A SlurmExecutor whose sbatch file is hpcdp's rendered script, verbatim."""
 
-        def __init__(self, folder: Path, script_text: str) -> None:
+        def __init__(self, folder: Path, script_text: str, sbatch_options: list[str]) -> None:
             super().__init__(folder=folder)
-            self._script_text = script_text
+            self._script_text, self._sbatch_options = script_text, sbatch_options
 
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             return self._script_text
+
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            return ["sbatch", *self._sbatch_options, str(submission_file_path)]
 
     return RenderedScriptExecutor
 
@@ -77,16 +82,21 @@ def state_file() -> Path:
     return Path(base) / "jobs.jsonl"
 
 
-def submit_job(job: RenderedJob, cluster: str, experiment: str, label: str | None = None) -> dict:
+def submit_job(job: RenderedJob, cluster: str, experiment: str, label: str | None = None,
+               after: str | None = None) -> dict:
     """Submit one rendered (and already written) job; returns its record. label: what
-    `hpcdp status` shows as its strategy (a campaign: "compare")."""
+    `hpcdp status` shows as its strategy (a campaign: "compare"). after: a job id this one
+    starts after, once it succeeded (sbatch --dependency=afterok; not in the script, which
+    stays runnable by hand)."""
     executor_cls = _executor_class()
     folder = job.run_dir / ".submitit"
     made_folder = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     try:
         try:
-            executor = executor_cls(folder, job.text)
+            executor = executor_cls(folder, job.text,
+                                    [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
+                                    if after else [])
         except RuntimeError as exc:  # submitit: no srun on PATH
             raise UsageError(f"cannot submit: {exc} (install Slurm's client or use "
                              "`hpcdp render`)") from None
@@ -113,6 +123,7 @@ def submit_job(job: RenderedJob, cluster: str, experiment: str, label: str | Non
         "script": str(job.script_path),
         "log": str(job.run_dir / slurm.job_log_name(str(submitted.job_id))),
         "submitted_at": time.time(),
+        "after": after,
     }
     (job.run_dir / "submission.json").write_text(json.dumps(record, indent=2) + "\n")
     path = state_file()

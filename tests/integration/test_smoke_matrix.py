@@ -26,15 +26,23 @@ def test_smoke_matrix_then_harvest(slurm_cluster, tmp_path):
     if not has_horovod():  # the Horovod cells are covered by test_horovod_slurm.py where it is
         strategies = [s for s in strategies if not s.startswith("horovod")]
     runs = tmp_path / "runs"
+    # A prepared folder of its own: the matrix's prepare job must tokenize, the cells must not.
     submit = subprocess.run(
         [sys.executable, "-m", "hpcdp", "submit", "--experiment", "smoke", "--wait",
          "--out", str(runs), "--set", "train.steps=12", "--set", "train.eval_interval=6",
-         "--set", f"matrix.strategies=[{', '.join(strategies)}]"],
+         "--set", f"matrix.strategies=[{', '.join(strategies)}]",
+         "--set", f"data.prepared_dir={tmp_path / 'prepared'}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=1200)
     assert submit.returncode == 0, submit.stdout[-4000:] + submit.stderr[-2000:]
     expected = {(s.name, n) for s, n in config.load_experiment(
         "smoke", {"matrix": {"strategies": strategies}}).matrix.cells()}
-    assert submit.stdout.count("submitted job") == len(expected)
+    assert submit.stdout.count("submitted job") == len(expected) + 1
+    assert submit.stdout.splitlines()[0].endswith(": prepares the data; the cells start after it")
+    (prepare_log,) = (runs / "smoke" / "prepare").glob("slurm-*.out")
+    assert "tokenized" in prepare_log.read_text()
+    for cell_log in runs.glob("smoke/*-*n/slurm-*.out"):
+        text = cell_log.read_text()
+        assert "already prepared" in text and "tokenized" not in text, cell_log
 
     out = tmp_path / "harvest"
     harvest = subprocess.run(

@@ -201,3 +201,32 @@ def test_an_exclusion_list_interface_is_not_handed_to_gloo(tmp_path):
     mine = _render("distributed-ps", 2, "local", tmp_path, network_interface="^lo",
                    env={"GLOO_SOCKET_IFNAME": "ib1"})
     assert "export GLOO_SOCKET_IFNAME=ib1" in mine  # the profile's own value wins
+
+
+def test_a_matrix_prepare_job_asks_one_task_with_a_nodes_cpus_and_no_gpu(tmp_path):
+    profile = config.load_profile("generic-gpu", {"python": "/opt/venv/bin/python"})
+    job = render.render_prepare_job(profile, config.load_experiment("smoke"),
+                                    output_dir=str(tmp_path / "runs"))
+    assert job.run_dir == tmp_path / "runs" / "smoke" / "prepare"
+    directives = [line for line in job.text.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --nodes=1" in directives and "#SBATCH --ntasks-per-node=1" in directives
+    assert "#SBATCH --cpus-per-task=32" in directives  # 8 per rank x 4 GPUs' ranks
+    assert not any(d.startswith(("#SBATCH --gres", "#SBATCH --gpus", "#SBATCH --requeue",
+                                 "#SBATCH --signal")) for d in directives), directives
+    assert '"$PYTHON" -m train prepare --experiment "$EXPERIMENT"' in job.text
+    assert not [line for line in job.text.splitlines() if line.lstrip().startswith("srun ")]
+    script = tmp_path / "prepare.sbatch"
+    script.write_text(job.text)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_submit_dry_run_of_a_matrix_lists_the_prepare_job_first(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "hpcdp", "submit", "--experiment", "smoke",
+                           "--dry-run", "--out", str(tmp_path / "runs")], cwd=tmp_path,
+                          capture_output=True, text=True, check=True)
+    plans = [line for line in done.stdout.splitlines() if line.startswith("# would submit")]
+    assert plans[0].startswith("# would submit: sbatch /")
+    assert "/smoke/prepare/job.sbatch" in plans[0]
+    assert all("--dependency=afterok:<prepare job>" in line for line in plans[1:])
+    assert len(plans) == 1 + len(config.load_experiment("smoke").matrix.cells())
+    assert not (tmp_path / "runs").exists()
