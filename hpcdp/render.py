@@ -24,7 +24,7 @@ import jinja2
 import yaml
 
 from hpcdp import PROJECT_ROOT, TEMPLATES_DIR, __version__, distenv, slurm, strategies
-from hpcdp.config import ClusterProfile, Experiment, as_dict, load_yaml_text
+from hpcdp.config import ClusterProfile, Experiment, as_dict, build, load_yaml_text
 from hpcdp.errors import UsageError
 from hpcdp.strategies import StrategySpec
 
@@ -303,6 +303,19 @@ def holds_a_run(run_dir: Path) -> bool:
     return (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("*.pt"))
 
 
+def _earlier_settings(experiment_file: Path) -> dict[str, object]:
+    """An earlier run's settings, with today's defaults for fields added since it was written
+    (an older hpcdp's run folder must not differ in a setting it never had)."""
+    try:
+        raw = load_yaml_text(experiment_file.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    try:
+        return _flat(as_dict(build(Experiment, dict(raw), "")))
+    except UsageError:  # a field since removed or renamed: compare what the file says
+        return _flat(raw)
+
+
 def check_continuable(jobs: list[RenderedJob], experiment: Experiment) -> None:
     """Refuse to write into a run folder whose earlier run was trained otherwise: the rendered
     script always resumes, so it would continue that run with other settings (or, after the
@@ -311,10 +324,7 @@ def check_continuable(jobs: list[RenderedJob], experiment: Experiment) -> None:
     for job in jobs:
         if not holds_a_run(job.run_dir):
             continue
-        try:
-            old = _flat(load_yaml_text(job.experiment_file.read_text()) or {})
-        except (OSError, yaml.YAMLError):
-            old = {}
+        old = _earlier_settings(job.experiment_file)
         differ = [k for k in sorted(set(old) | set(new))
                   if not k.startswith(CONTINUABLE) and old.get(k) != new.get(k)]
         if differ:

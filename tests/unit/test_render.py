@@ -230,3 +230,24 @@ def test_submit_dry_run_of_a_matrix_lists_the_prepare_job_first(tmp_path):
     assert all("--dependency=afterok:<prepare job>" in line for line in plans[1:])
     assert len(plans) == 1 + len(config.load_experiment("smoke").matrix.cells())
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_folder_from_before_a_new_setting_is_still_continued(tmp_path):
+    """A run written by an older hpcdp lacks fields added since (here data.text_field): they
+    take today's defaults, so resubmitting it continues it. A setting that changed still
+    refuses."""
+    import yaml
+
+    experiment = config.load_experiment("smoke")
+    job = render.render_job(config.load_profile("local"), experiment,
+                            strategies.get("single-gpu"), 1, output_dir=str(tmp_path))
+    job.run_dir.mkdir(parents=True)
+    (job.run_dir / "metrics.jsonl").write_text('{"kind": "header"}\n')
+    older = config.as_dict(experiment)
+    del older["data"]["text_field"]
+    job.experiment_file.write_text(yaml.safe_dump(older))
+    render.check_continuable([job], experiment)  # no error
+    older["train"]["lr"] = 1.0
+    job.experiment_file.write_text(yaml.safe_dump(older))
+    with pytest.raises(UsageError, match="holds a run trained with train.lr=1.0"):
+        render.check_continuable([job], experiment)
