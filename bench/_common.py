@@ -20,6 +20,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
+def add_timing_arguments(p, *, rounds: int, steps: int, skip_steps: int = 10,
+                         threads: bool = True) -> None:
+    """--rounds, --steps and --skip-steps (and --threads): how every timing bench runs."""
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--skip-steps", type=int, default=skip_steps)
+    if threads:
+        p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+
+
 def interleaved(cases: Mapping[str, Callable[[], float]], rounds: int,
                 progress: Callable[[str], None] = lambda line: None) -> dict[str, list[float]]:
     """Run every case once per round, in an order that rotates each round; each call returns

@@ -65,9 +65,7 @@ def job(name: str, strategy: str, sets: list[str], steps: int, skip: int) -> flo
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--skip-steps", type=int, default=10)
+    _common.add_timing_arguments(p, rounds=2, steps=60, threads=False)
     args = p.parse_args()
     cases = {name: functools.partial(job, name, strategy, sets, args.steps, args.skip_steps)
              for name, (strategy, sets) in CASES.items()}

@@ -66,10 +66,7 @@ def main() -> None:
     p.add_argument("--peak", choices=list(TRAINING))
     p.add_argument("--matmul", type=int, default=2048)
     p.add_argument("--model", default="tiny", choices=list(MODEL_SETTINGS))
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--skip-steps", type=int, default=10)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    _common.add_timing_arguments(p, rounds=3, steps=30)
     args = p.parse_args()
     if args.peak:
         print(json.dumps(measure_peak(args.peak, args.matmul)))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 from pathlib import Path
 
@@ -41,10 +40,7 @@ def case(flags: list[str], model: str, steps: int, skip: int, env: dict) -> floa
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", choices=list(MODEL_SETTINGS))
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--skip-steps", type=int, default=10)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    _common.add_timing_arguments(p, rounds=5, steps=40)
     args = p.parse_args()
     env = {"OMP_NUM_THREADS": str(args.threads)}
     cases = {name: functools.partial(case, flags, args.model, args.steps, args.skip_steps, env)

@@ -318,6 +318,8 @@ def cmd_logs(args) -> int:
 
     record = _record_of(args.job, submit.read_records())
     log = Path(record["log"])
+    if args.follow:
+        _fallback_slurm_env()
     offset = 0
     while True:
         if log.exists():
@@ -332,7 +334,6 @@ def cmd_logs(args) -> int:
                              "`hpcdp status`; --follow waits for it)")
         if not args.follow:
             return 0
-        _fallback_slurm_env()
         infos = slurm.query_jobs([args.job])
         info = infos[args.job]
         # UNKNOWN: neither squeue nor sacct knows it any more; nothing will be written.
@@ -367,10 +368,11 @@ def cmd_cancel(args) -> int:
 def _print_status(records: list[dict], infos, as_json: bool) -> None:
     from hpcdp import progress
 
-    rows = []
+    rows, lines = [], []
     for record in records:
         info = infos.get(record["job_id"])
         done = progress.of_run_dir(Path(record["run_dir"]))
+        lines.append(done.line() if done else None)
         rows.append({**record, "state": info.state if info else "UNKNOWN",
                      "reason": info.reason if info else None,
                      "exit_code": info.exit_code if info else None,
@@ -382,15 +384,15 @@ def _print_status(records: list[dict], infos, as_json: bool) -> None:
         return
     print(f"{'JOB':>10}  {'STATE':<12} {'STRATEGY':<20} {'NODES':>5}  {'ELAPSED':>8}  RUN"
           f"   ({time.strftime('%H:%M:%S')})")
-    for row in rows:
+    for row, line in zip(rows, lines):
         elapsed = "" if row["elapsed_s"] is None else f"{row['elapsed_s']:.0f}s"
         state = row["state"] + (f" x{row['restarts']}" if row["restarts"] else "")
         if row["reason"] and row["state"] == "PENDING":
             state += f" ({row['reason']})"
         print(f"{row['job_id']:>10}  {state:<12} {row['strategy']:<20} {row['nodes']:>5}  "
               f"{elapsed:>8}  {row['run_dir']}", flush=True)
-        if row["progress"]:
-            print(f"{'':>10}  {progress.Progress(**row['progress']).line()}", flush=True)
+        if line:
+            print(f"{'':>10}  {line}", flush=True)
     if infos.accounting_available is False:
         print(f"hpcdp: sacct is unavailable ({infos.accounting_message}); ended jobs show "
               "UNKNOWN", file=sys.stderr)

@@ -82,15 +82,21 @@ def status() -> int:
     return run_script("status").returncode
 
 
-def _pid_alive(pid_file: Path, name: str) -> bool:
+def _live_pid(pid_file: Path, name: str) -> int | None:
+    """The pid in `pid_file` when it is a live process called `name`, else None."""
     try:
         pid = int(pid_file.read_text().split()[0])
         # The name check keeps a stale pid file from matching some reused pid; a zombie (state
         # Z, a daemon that died and is not reaped yet) is dead.
         stat = Path(f"/proc/{pid}/stat").read_text()
-        return f"({name})" in stat and stat.rsplit(")", 1)[1].split()[0] != "Z"
+        alive = f"({name})" in stat and stat.rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, ValueError, IndexError):
-        return False
+        return None
+    return pid if alive else None
+
+
+def _pid_alive(pid_file: Path, name: str) -> bool:
+    return _live_pid(pid_file, name) is not None
 
 
 def daemon_pids() -> dict[str, int]:
@@ -103,8 +109,9 @@ def daemon_pids() -> dict[str, int]:
     for pid_file in sorted((cluster_dir() / "run").glob("*.pid")):
         # mysqld.pid is MariaDB's; the others are named after their daemon (slurmd-node1).
         name = "mariadbd" if pid_file.stem == "mysqld" else pid_file.stem.split("-")[0]
-        if _pid_alive(pid_file, name):
-            live[pid_file.stem] = int(pid_file.read_text().split()[0])
+        pid = _live_pid(pid_file, name)
+        if pid is not None:
+            live[pid_file.stem] = pid
     return live
 
 

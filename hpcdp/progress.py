@@ -8,6 +8,7 @@ A campaign folder (hpcdp compare) has no metrics of its own: its progress is the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from dataclasses import asdict, dataclass
@@ -125,10 +126,7 @@ def of_campaign(folder: Path) -> Progress | None:
     cell = cells[current]
     inner = of_metrics(Path(cell["run_dir"]) / "metrics.jsonl")
     label = f"{current + 1}/{len(cells)} {cell['key']}"
-    if inner is None:
-        return Progress(0, 0, None, None, None, cell=label)
-    return Progress(inner.step, inner.total_steps, inner.loss, inner.tokens_per_s, inner.eta_s,
-                    cell=label)
+    return dataclasses.replace(inner or Progress(0, 0, None, None, None), cell=label)
 
 
 def of_run_dir(run_dir: Path) -> Progress | None:

@@ -65,9 +65,9 @@ class HorovodStrategy(Strategy):
         self.device = device_for(env)  # env.local_rank is hvd.local_rank() under srun
 
     def wrap(self, model, optimizer, accum_steps: int = 1):
-        if self.world_size == 1:
-            # Nothing to average: each gradient would still go through Horovod's background
-            # thread and its cycle (about 10% of a tiny model's step, bench/overhead.py).
+        if self.hvd is None:
+            # One rank, Horovod shut down in setup: nothing to average (DistributedOptimizer
+            # sent each gradient through Horovod's thread: about 10% of a tiny step).
             self.log("Horovod: world size 1, gradients stay local (no DistributedOptimizer)")
             return model, optimizer
         hvd = self.hvd
@@ -99,13 +99,13 @@ class HorovodStrategy(Strategy):
             self.hvd.allreduce_(tensor, op=self.hvd.Sum, name="allreduce_baseline")
 
     def prepare_unscale(self, optimizer) -> None:
-        if self.world_size > 1:
+        if self.hvd is not None:
             optimizer.synchronize()
 
     def optimizer_step_context(self, optimizer):
-        if self.world_size > 1:
-            return optimizer.skip_synchronize()
-        return super().optimizer_step_context(optimizer)
+        if self.hvd is None:
+            return super().optimizer_step_context(optimizer)
+        return optimizer.skip_synchronize()
 
     def broadcast_object(self, obj, name: str):
         # Without a name Horovod names the collective after type(obj): rank 0 sending a str
