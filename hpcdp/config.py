@@ -242,6 +242,11 @@ class TrainConfig:
     """native: torch.autocast + torch.amp.GradScaler; apex: NVIDIA apex.amp (legacy, CUDA)."""
     apex_opt_level: Literal["O1", "O2"] = "O1"
     compile: bool = False
+    malloc: Literal["auto", "tcmalloc", "jemalloc", "system"] = "auto"
+    """The C allocator of training processes (train/malloc.py). auto: tcmalloc, else jemalloc,
+    where installed, on hosts without GPUs and outside Horovod's MPI controller (glibc's malloc
+    made CPU steps slower and their time depend on each process's allocation history); system:
+    glibc's malloc."""
     dist_timeout_s: int = 300
     """Timeout for process-group set-up and collectives (torch, Horovod's Gloo and its stall
     shutdown), and the most the progress watchdog waits: a hang becomes an error."""

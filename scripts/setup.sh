@@ -28,9 +28,10 @@ say() { echo "setup: $*"; }
 start=$SECONDS
 
 # 1. System packages: the local Slurm cluster (slurm, slurmdbd, munge, MariaDB), Open MPI for
-#    Horovod and mpi4py, a compiler and CMake for the Horovod build.
+#    Horovod and mpi4py, a compiler and CMake for the Horovod build, tcmalloc for CPU training
+#    (train.malloc: auto).
 SYSTEM_PACKAGES=(slurm-wlm slurmdbd slurm-client munge mariadb-server openmpi-bin libopenmpi-dev
-                 cmake g++ make util-linux procps)
+                 cmake g++ make util-linux procps libtcmalloc-minimal4)
 if [ "$with_system" = 1 ]; then
     missing=()
     for pkg in "${SYSTEM_PACKAGES[@]}"; do

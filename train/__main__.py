@@ -75,7 +75,9 @@ def _record_exit(out: str, code: int) -> None:
         print(f"train: could not record the exit code: {exc}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, reexec: bool = False) -> int:
+    """`reexec`: this process is `python -m train` itself, and may re-execute itself to run with
+    train.malloc's allocator (not when called from another program)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # `run` is the default command: python -m train --experiment ... trains.
     if not argv or argv[0] not in ("run", "prepare", "allreduce", "-h", "--help"):
@@ -91,13 +93,17 @@ def main(argv: list[str] | None = None) -> int:
 
             prepare(exp)
             return 0
-        strategies.get(args.strategy)  # a typo fails before torch loads
+        spec = strategies.get(args.strategy)  # a typo fails before torch loads
         if args.command == "allreduce":
             from train.allreduce import measure
 
             measure(exp, args.strategy, args.out, expect_world=args.expect_world,
                     expect_tasks_per_node=args.expect_tasks_per_node)
             return 0
+        if reexec:  # first: exec resets the signal handlers catch_early installs
+            from train import malloc
+
+            malloc.reexec_with(exp.train.malloc, uses_horovod=spec.needs_horovod)
         from train import stop
 
         stop.catch_early()  # before torch loads: a rank signalled while starting must not die
@@ -119,4 +125,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(reexec=True))

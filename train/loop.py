@@ -28,7 +28,7 @@ from hpcdp import distenv
 from hpcdp import strategies as registry
 from hpcdp.config import Experiment, as_dict
 from hpcdp.errors import UsageError
-from train import checkpoint, faults
+from train import checkpoint, faults, malloc
 from train.data import Batches, open_data
 from train.metrics import MetricsWriter, peak_flops, step_line
 from train.model import LanguageModel, build_model, count_params, flops_per_token
@@ -374,7 +374,8 @@ def header(t: Training, env: distenv.DistEnv) -> dict[str, Any]:
         start_step=t.start_step, resumed_from=t.resumed_from, slurm_job_id=env.job_id,
         restart_count=env.restart_count, hostname=socket.gethostname(),
         experiment=t.exp.name, config=as_dict(t.exp), versions=_versions(),
-        threads_per_process=torch.get_num_threads(), launcher=env.launcher,
+        threads_per_process=torch.get_num_threads(), malloc=malloc.in_use(),
+        launcher=env.launcher,
         communication=strategy.communication, grad_comm=strategy.grad_comm,
         grad_bytes_per_step=_grad_bytes(t.raw_model, strategy.grad_comm),
     )

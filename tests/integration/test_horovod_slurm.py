@@ -65,6 +65,12 @@ def check_run(run_dir: Path, job_id: str, world: int, controller: str) -> dict:
     assert summary["status"] == "completed" and summary["replicas_identical"] is True
     log = (run_dir / f"slurm-{job_id}.out").read_text()
     assert f"({controller})" in log, log[-2000:]  # the controller Horovod really used
+    # train.malloc: auto keeps glibc's malloc where Open MPI interposes the memory functions.
+    from train import malloc
+
+    assert header["malloc"] == malloc.choose("auto", uses_mpi=controller == "mpi")[0]
+    if controller == "mpi":
+        assert header["malloc"] == "system"
     return summary
 
 

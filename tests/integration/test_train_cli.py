@@ -127,3 +127,19 @@ def test_legacy_apex_on_cpu_says_native_amp_is_the_default(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     header = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert header["precision"] == "fp32"
+
+
+@pytest.mark.parametrize("setting", ["tcmalloc", "system", "auto"])
+def test_training_runs_with_the_allocator_train_malloc_names(tmp_path, setting) -> None:
+    """The process re-executes itself with the library preloaded; the header says what it ran
+    with, read from its own mapped libraries. scripts/setup.sh installs tcmalloc."""
+    from train import malloc
+
+    out = tmp_path / "run"
+    done = train("--experiment", "smoke", "--strategy", "single-gpu", "--out", str(out),
+                 "--set", "train.steps=2", "--set", "train.eval_batches=1",
+                 "--set", f"train.malloc={setting}")
+    assert done.returncode == 0, done.stderr
+    header = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert header["malloc"] == malloc.choose(setting)[0]
+    assert header["config"]["train"]["malloc"] == setting
