@@ -243,10 +243,9 @@ class TrainConfig:
     apex_opt_level: Literal["O1", "O2"] = "O1"
     compile: bool = False
     malloc: Literal["auto", "tcmalloc", "jemalloc", "system"] = "auto"
-    """The C allocator of training processes (train/malloc.py). auto: tcmalloc, else jemalloc,
-    where installed, on hosts without GPUs and outside Horovod's MPI controller (glibc's malloc
-    made CPU steps slower and their time depend on each process's allocation history); system:
-    glibc's malloc."""
+    """The C allocator of training processes (train/malloc.py). auto: tcmalloc where installed,
+    on hosts without GPUs and outside Horovod's MPI controller (glibc's malloc made CPU steps
+    slower and their time depend on each process's allocation history); system: glibc's."""
     dist_timeout_s: int = 300
     """Timeout for process-group set-up and collectives (torch, Horovod's Gloo and its stall
     shutdown), and the most the progress watchdog waits: a hang becomes an error."""

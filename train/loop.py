@@ -57,7 +57,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     for group in optimizer.param_groups:
         group["lr"] = lr
     device = strategy.device
-    total = torch.zeros((), device=device)
+    total: torch.Tensor | None = None
 
     def synchronize() -> None:  # after the last backward: what no computation hides
         timer.mark("backward")
@@ -74,12 +74,15 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
         with contextlib.nullcontext() if last else strategy.no_sync(model):
             with precision.autocast():
                 # .mean(): DataParallel returns one loss per device.
-                loss = model(x, y).mean() / accum_steps
+                loss = model(x, y).mean()
+            if accum_steps > 1:  # no extra op without accumulation (glibc: bench/allocator.py)
+                loss = loss / accum_steps
             timer.mark("forward")
             precision.backward(loss, optimizer, last=last, before_unscale=synchronize)
         if not last:
             timer.mark("backward")
-        total += loss.detach().float()
+        loss = loss.detach().float()  # fp32 even where apex O2 computed it in fp16
+        total = loss if total is None else total + loss
     # Gradients are now synchronized across ranks and unscaled: the norm is the global one.
     grad_norm = torch.nn.utils.clip_grad_norm_(
         list(precision.master_params(optimizer)), grad_clip if grad_clip > 0 else math.inf

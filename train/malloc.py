@@ -1,12 +1,13 @@
-"""The C allocator a training process runs with: tcmalloc or jemalloc rather than glibc's malloc
-on CPUs (`train.malloc`).
+"""The C allocator a training process runs with: tcmalloc rather than glibc's malloc on CPUs
+(`train.malloc`).
 
 On a CPU every activation, gradient and autocast copy is a host allocation, freed and made again
 each step. glibc's malloc serves them slowly and, worse for a benchmark, at addresses that depend
 on what the process allocated before: the same step measured 0.93x to 1.10x itself in different
 processes, steady within each (docs/performance.md). tcmalloc made the tiny model's bf16 step
-1.45x faster here and those differences vanished. torch's own CPU launcher
-(torch.backends.xeon.run_cpu) prefers tcmalloc, then jemalloc, in the same way.
+1.45x faster here and those differences vanished. `auto` takes tcmalloc only: jemalloc with its
+default settings made the fp32 step 1.21x slower than glibc's (bench/speed_options.py); it is
+there for sites that tune it (MALLOC_CONF) and name it.
 
 `auto` leaves glibc's malloc in place where it is not worth a risk: on GPU hosts (the host
 allocator hardly matters there), and in processes that initialise MPI (Horovod's MPI controller).
@@ -34,7 +35,7 @@ LIBRARIES = {
                  "libtcmalloc_minimal.so"),
     "jemalloc": ("libjemalloc.so.2", "libjemalloc.so"),
 }
-AUTO_ORDER = ("tcmalloc", "jemalloc")
+AUTO_ORDER = ("tcmalloc",)
 CHOSEN = "HPCDP_MALLOC"
 """Set in the re-executed process (the allocator it was started with): never re-execute twice."""
 INSTALL = ("install it (Debian/Ubuntu: apt-get install libtcmalloc-minimal4 or libjemalloc2; "

@@ -88,6 +88,9 @@ class RunResult:
     peak_mem_gb: float | None = None
     mfu: float | None = None
     max_rss: str | None = None
+    malloc: str | None = None
+    """The C allocator rank 0 ran with (header `malloc`: tcmalloc, jemalloc, system); None in
+    logs from before it was recorded."""
     settings: dict = field(default_factory=dict)
     """COMPARED_SETTINGS as the header's config holds them (None where it does not say)."""
     baseline: str | None = None
@@ -197,6 +200,7 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         final_val_loss=final_val, peak_mem_gb=max(mems) if mems else None,
         mfu=_median(mfus), curve_step=list(map(step_of.__getitem__, with_loss)),
         curve_time_s=list(map(c.t.__getitem__, with_loss)), curve_loss=losses,
+        malloc=header.get("malloc") if isinstance(header.get("malloc"), str) else None,
         settings=settings,
     )
 
@@ -297,6 +301,9 @@ def _fill_group(group: list[RunResult], target_loss: float | None, name_of) -> f
     for r in measured:
         if base is not None:
             r.baseline = name_of(base)
+            if r.malloc and base.malloc and r.malloc != base.malloc:  # auto differs by strategy
+                r.notes.append(f"ran with malloc {r.malloc}, {r.baseline} with {base.malloc}: "
+                               "on CPUs that alone changes step time")
             r.speedup = r.tokens_per_s / base.tokens_per_s
             if r.world_size:
                 r.efficiency_vs_single = r.tokens_per_s / (r.world_size * base.tokens_per_s)

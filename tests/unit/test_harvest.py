@@ -29,11 +29,11 @@ def header(strategy: str, nodes: int, world: int, precision: str = "fp32", *,
            start_step: int = 0, job: str | None = None, restart_count: int = 0,
            warmup_log_steps: int = 2, steps: int = 10, experiment: str = "exp",
            communication: str | None = None, global_batch: int | None = None,
-           grad_comm: str | None = None) -> dict:
+           grad_comm: str | None = None, malloc: str | None = None) -> dict:
     """HAND-WRITTEN header record (docs/metrics.md), the fields harvest uses."""
     return {"kind": "header", "time": T0, "strategy": strategy, "precision": precision,
             "communication": communication, "global_batch_size": global_batch,
-            "grad_comm": grad_comm,
+            "grad_comm": grad_comm, "malloc": malloc,
             "world_size": world, "nodes": nodes, "tasks_per_node": world // nodes,
             "device": "cpu", "start_step": start_step, "resumed_from": None,
             "slurm_job_id": job, "restart_count": restart_count, "experiment": experiment,
@@ -395,6 +395,20 @@ def test_scaling_reference_has_the_same_ranks_per_node_and_duplicates_say_so(tmp
     assert [(r.nodes, r.world_size) for r in rows] == [(1, 2), (1, 4), (2, 4), (2, 4)]
     assert rows[2].scaling_efficiency == pytest.approx(3000 / (2 * 1800))  # 2/node vs 2/node
     assert rows[3].notes == ["same configuration as a/ddp-2n-4"]
+
+
+def test_a_run_on_another_allocator_than_the_baseline_says_so(tmp_path):
+    """train.malloc: auto gives DDP tcmalloc but Horovod's MPI ranks glibc's malloc on CPUs."""
+    simple_run(tmp_path / "single", "single-gpu", 1, 1, tps=1000.0, malloc="tcmalloc")
+    simple_run(tmp_path / "ddp", "distributed-ps", 2, 2, tps=1800.0, malloc="tcmalloc")
+    simple_run(tmp_path / "hvd", "horovod", 2, 2, tps=1500.0, malloc="system")
+    simple_run(tmp_path / "old", "horovod", 1, 1, tps=900.0)  # written before `malloc`
+    rows = {Path(r.run_dir).name: r for r in harvest.harvest([tmp_path], query_slurm=False)}
+    notes = {name: [n for n in r.notes if "malloc" in n] for name, r in rows.items()}
+    assert notes["hvd"] == ["ran with malloc system, single with tcmalloc: on CPUs that alone "
+                            "changes step time"]
+    assert notes["single"] == notes["ddp"] == notes["old"] == []
+    assert rows["hvd"].malloc == "system" and rows["old"].malloc is None
 
 
 def test_horovod_controllers_are_rows_of_their_own(tmp_path):
