@@ -52,7 +52,9 @@ def job(name: str, strategy: str, sets: list[str], steps: int, skip: int) -> flo
     with tempfile.TemporaryDirectory(prefix="bench-hvd-") as out:
         cmd = [PYTHON, "-m", "hpcdp", "submit", "--strategy", strategy, "--nodes", "2",
                "--experiment", "smoke", "--out", out, "--wait",
-               *[a for s in run_settings(steps) + sets for a in ("--set", s)]]
+               # One allocator for DDP and Horovod alike (auto differs between them on CPUs).
+               *[a for s in [*run_settings(steps), "train.malloc=system", *sets]
+                 for a in ("--set", s)]]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             raise SystemExit(f"bench: {name} failed:\n{done.stdout[-3000:]}\n{done.stderr}")

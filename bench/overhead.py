@@ -9,7 +9,12 @@ is seconds per step in the steady state; the ratio is hpcdp's over the mean of t
 runs around it, so what one process happens to get from the machine (memory placement, a noisy
 neighbour) is on both sides. Rounds of the strategies alternate; medians are printed.
 
+Every process runs with the allocator `--malloc` names (train.malloc's values; default auto, as
+training runs). With glibc's (`--malloc system`) the same step takes 0.93x to 1.10x itself from
+one process to the next, so its ratios need many more rounds (docs/performance.md).
+
     python bench/overhead.py [--models tiny,gpt2-124m] [--rounds 5] [--steps 60] [--threads 2]
+                             [--malloc auto|tcmalloc|jemalloc|system]
 
 gpt2-124m runs at seq_len 256 and micro-batch 1 (a few seconds per step on 2 cores).
 """
@@ -90,6 +95,8 @@ def main() -> None:
     p.add_argument("--models", default="tiny", help="comma-separated: tiny, gpt2-124m")
     _common.add_timing_arguments(p, rounds=5, steps=60)
     p.add_argument("--strategies", default=",".join(FP32 + BF16))
+    p.add_argument("--malloc", default="auto", choices=["auto", "tcmalloc", "jemalloc", "system"],
+                   help="the C allocator of every process (train.malloc)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--set", action="append", default=[], dest="sets", help=argparse.SUPPRESS)
@@ -97,12 +104,15 @@ def main() -> None:
     if args.worker:
         worker(args.worker, args.sets, args.steps, args.skip_steps, args.out)
         return
-    env = {"OMP_NUM_THREADS": str(args.threads)}
+    from train import malloc
+
+    env = {"OMP_NUM_THREADS": str(args.threads), **malloc.preload_env(args.malloc)}
     # The data once, before anything is timed.
     subprocess.run([PYTHON, "-m", "train", "prepare", "--experiment", "smoke"], cwd=ROOT,
                    check=True, capture_output=True)
     print(f"bench/overhead.py: {args.rounds} rounds, {args.steps} steps per loop (timed from "
-          f"step {args.skip_steps}), {args.threads} thread(s) per process")
+          f"step {args.skip_steps}), {args.threads} thread(s) per process, malloc "
+          f"{malloc.choose(args.malloc)[0]}")
     chosen = args.strategies.split(",")
     for model in args.models.split(","):
         cases = {name: functools.partial(one_round, name, MODEL_SETTINGS[model], args.steps,

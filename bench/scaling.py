@@ -43,7 +43,10 @@ def main() -> None:
     args = p.parse_args()
     sets = [f"matrix.strategies=[{','.join(STRATEGIES)}]", "matrix.nodes=[1,2]",
             f"train.steps={args.steps}", "train.log_interval=10", "train.eval_interval=0",
-            "train.checkpoint_interval=0", *args.sets]
+            "train.checkpoint_interval=0",
+            # One allocator for both: auto would give DDP's CPU ranks tcmalloc and Horovod's
+            # MPI ranks glibc's malloc (train/malloc.py).
+            "train.malloc=system", *args.sets]
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
         out = str(args.out or tmp)
         cmd = [PYTHON, "-m", "hpcdp", "compare", "--experiment", "smoke", "--repeats",
