@@ -24,8 +24,6 @@ import _common  # noqa: E402
 from _common import PYTHON, ROOT  # noqa: E402
 from overhead import MODEL_SETTINGS  # noqa: E402
 
-from hpcdp.errors import UsageError  # noqa: E402
-
 OPTIONS = {  # name: (minimal_loop.py's flags, train.malloc)
     "baseline (fused AdamW, SDPA, fp32, eager, glibc malloc)": ([], "system"),
     "AdamW per-tensor loop": (["--no-fused"], "system"),
@@ -45,29 +43,19 @@ def case(flags: list[str], env: dict, model: str, steps: int, skip: int) -> floa
     return _common.run_json(cmd, env=env, timeout=3600)["step_time_s"]
 
 
-def installed(setting: str) -> dict[str, str] | None:
-    """The environment that preloads `setting`'s allocator, or None where it is not installed."""
-    from train import malloc
-
-    try:
-        malloc.choose(setting)
-    except UsageError:
-        return None
-    return malloc.preload_env(setting)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", choices=list(MODEL_SETTINGS))
     _common.add_timing_arguments(p, rounds=5, steps=40)
     args = p.parse_args()
+    from train import malloc
+
     cases = {}
     for name, (flags, setting) in OPTIONS.items():
-        preload = installed(setting)
-        if preload is None:
+        if setting != "system" and malloc.find(setting) is None:
             print(f"bench: {setting} is not installed: no '{name}' case")
             continue
-        env = {"OMP_NUM_THREADS": str(args.threads), **preload}
+        env = {"OMP_NUM_THREADS": str(args.threads), **malloc.preload_env(setting)}
         cases[name] = functools.partial(case, flags, env, args.model, args.steps,
                                         args.skip_steps)
     values = _common.interleaved(cases, args.rounds,
