@@ -361,11 +361,18 @@ class CompareConfig:
     last in the allocation; as-listed: the matrix's order, repeat by repeat."""
     seed: int | None = None
     """The shuffle's seed; None: drawn at random and recorded in campaign.json."""
+    equivalent_within: float = 0.02
+    """The verdict calls cells "equivalent" when the 90% interval of their throughput ratio lies
+    within 1 +- this (docs/compare.md): a difference smaller than it is no reason to choose."""
 
     def __post_init__(self) -> None:
         _at_least("compare.repeats", self.repeats, 1)
         if self.seed is not None:
             _at_least("compare.seed", self.seed, 0)
+        band = self.equivalent_within
+        if isinstance(band, bool) or not isinstance(band, (int, float)) or not 0 <= band < 0.5:
+            raise UsageError(f"compare.equivalent_within {band!r} must be a fraction in "
+                             "[0, 0.5), e.g. 0.02 for 2%")
 
 
 @dataclass(frozen=True, kw_only=True)

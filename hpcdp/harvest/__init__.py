@@ -58,6 +58,31 @@ class Harvest:
     """repeats.Cell per (strategy, nodes, ...) over its finished repeats."""
     baseline: list = field(default_factory=list)
     """The network-baseline probes of a campaign (allreduce.json records)."""
+    campaigns: dict = field(default_factory=dict)
+    """campaign.json of each campaign source, by its folder."""
+    verdicts: list = field(default_factory=list)
+    """repeats.verdicts(cells): one per source, comparison group, node count and conditions."""
+
+
+CAMPAIGN_FILE = "campaign.json"  # hpcdp.campaign.CAMPAIGN_FILE, without importing render
+
+
+def source_of(run_dir: Path) -> str:
+    """The population a run belongs to: the campaign folder holding it
+    (<campaign>/<strategy>-<N>n/repeat-<k>, beside campaign.json), else "" (a separate job)."""
+    campaign = run_dir.absolute().parent.parent
+    return str(campaign) if (campaign / CAMPAIGN_FILE).is_file() else ""
+
+
+def campaign_record(folder: str) -> dict:
+    """campaign.json of a campaign folder ({} where it cannot be read)."""
+    import json
+
+    try:
+        record = json.loads((Path(folder) / CAMPAIGN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def _job_id(log: MetricsLog, submission: dict) -> str | None:
@@ -158,6 +183,7 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
     results = []
     for r, log in logs:
         job, run_dir = r.job_id, Path(r.run_dir)
+        r.source = source_of(run_dir)
         info = infos.get(job) if job else None
         if info is not None and info.source != "none":
             r.state, r.state_source, r.exit_code = info.state, info.source, info.exit_code
@@ -176,8 +202,9 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
                                    name_of=lambda r: short_name(r.run_dir, run_dirs))
     cells, baseline = repeats.cells_of(results), find_baselines([Path(p) for p in paths])
     repeats.attach_baseline(cells, baseline)
+    campaigns = {c.source: campaign_record(c.source) for c in cells if c.source}
     return Harvest(runs=results, target_loss=used_target, accounting=accounting, cells=cells,
-                   baseline=baseline)
+                   baseline=baseline, campaigns=campaigns, verdicts=repeats.verdicts(cells))
 
 
 def harvest(paths: list[Path], target_loss: float | None = None, *, query_slurm: bool = True,
@@ -212,7 +239,7 @@ def render(result: Harvest, fmt: str) -> str:
         return render_csv(result.runs)
     return render_json(result.runs, result.target_loss, result.accounting,
                        cells=[c.to_dict() for c in result.cells],
-                       verdict=repeats.verdicts(result.cells), baseline=result.baseline)
+                       verdict=result.verdicts, baseline=result.baseline)
 
 
 def _campaign_text(result: Harvest, markdown: bool) -> str:
@@ -221,7 +248,8 @@ def _campaign_text(result: Harvest, markdown: bool) -> str:
     if result.baseline:
         text += "\n\n" + repeats.render_baseline(result.baseline, markdown)
     if repeats.has_repeats(result.cells):
-        text += "\n\n" + repeats.render_text(result.cells, markdown)
+        text += "\n\n" + repeats.render_text(result.cells, markdown, result.campaigns,
+                                                   result.verdicts)
     return text
 
 

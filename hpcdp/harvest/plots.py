@@ -36,6 +36,10 @@ def _label(r: RunResult, with_nodes: bool) -> str:
     return label
 
 
+def _span(interval) -> tuple[float, float]:
+    return interval.low, interval.high
+
+
 def throughput_vs_nodes(results: list[RunResult], path: Path) -> Path:
     """tokens/s against nodes, one line per (strategy, precision, ranks per node) through the
     median of each point's runs, with its 95% interval as error bars where a point has repeats
@@ -45,22 +49,26 @@ def throughput_vs_nodes(results: list[RunResult], path: Path) -> Path:
     groups: dict[tuple, list[RunResult]] = {}
     for r in results:  # results come sorted: the first run of a point is the one compared
         if r.tokens_per_s is not None and r.nodes:
-            groups.setdefault((r.experiment, r.strategy, r.precision, r.tasks_per_node()),
-                              []).append(r)
+            groups.setdefault((r.experiment, r.source, r.strategy, r.precision,
+                               r.tasks_per_node()), []).append(r)
     several_experiments = len({k[0] for k in groups}) > 1
-    for (experiment, _strategy, _precision, per_node), runs in groups.items():
+    several_sources = len({k[1] for k in groups}) > 1  # campaigns and separate jobs: apart
+    for (experiment, source, _strategy, _precision, per_node), runs in groups.items():
         by_nodes: dict[int, list[float]] = {}
         for r in runs:
             by_nodes.setdefault(r.nodes, []).append(r.tokens_per_s)
         xs = sorted(by_nodes)
         ys = [stats.median(by_nodes[n]) for n in xs]
-        intervals = [stats.bootstrap_ci(by_nodes[n]) for n in xs]
+        intervals = [_span(stats.median_interval(by_nodes[n])) for n in xs]
         label = _label(runs[0], with_nodes=False)
         if per_node and per_node > 1:
             label += f", {per_node}/node"
         if several_experiments:
             label = f"{experiment}: {label}"
-        # Repeats: the median with its 95% interval as error bars, each repeat a hollow marker.
+        if several_sources:
+            label += f" [{Path(source).name if source else 'separate jobs'}]"
+        # Repeats: the median with its 95% interval (the range below 6 runs) as error bars,
+        # each repeat a hollow marker.
         line = ax.errorbar(xs, ys, yerr=[[y - lo for y, (lo, _) in zip(ys, intervals)],
                                          [hi - y for y, (_, hi) in zip(ys, intervals)]],
                            marker="o", capsize=3, label=label).lines[0]

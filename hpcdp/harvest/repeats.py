@@ -1,20 +1,26 @@
-"""Repeated cells (`hpcdp compare`): each (strategy, nodes) cell's runs reduced to a median with
-a 95% interval, speed-up and scaling efficiency with intervals, ties, and a verdict per node
-count. The per-run table stays as it is; this is the summary under it.
+"""Repeated cells (`hpcdp compare`): each cell's runs reduced to a median with its interval,
+speed-up and scaling efficiency with theirs, and a verdict per node count (stats.decide). The
+per-run table stays as it is; this is the summary under it.
 
-Only finished runs with a throughput count, and only runs trained alike (one comparison group,
-as in table.fill_comparisons) are pooled into one cell. Intervals come from stats.py.
+A cell is one (strategy, nodes, world, precision, communication) under one set of conditions
+(allocator, threads and CPUs per process) in one source (a campaign, or separate jobs) and one
+comparison group (runs trained alike, table.comparison_groups). Cells of different sources or
+conditions are never compared: a verdict across them would measure the difference in
+conditions. Only finished runs with a throughput count as runs; the others are counted as
+failed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hpcdp.harvest import stats
 from hpcdp.harvest.table import (
     BASELINE_PRECISION,
     BASELINE_STRATEGY,
     FINISHED_STATES,
+    LOSS_PARITY_RTOL,
     RunResult,
     comparison_groups,
 )
@@ -28,13 +34,29 @@ class Cell:
     world_size: int | None
     precision: str | None
     communication: str | None
+    conditions: tuple
+    """(malloc, threads per process, CPUs per process) its runs had."""
     runs: list[RunResult] = field(repr=False)
-    tokens: stats.CellStats | None = None
-    speedup: float | None = None
-    speedup_ci95: tuple[float, float] | None = None
-    scaling_efficiency: float | None = None
-    scaling_efficiency_ci95: tuple[float, float] | None = None
-    tie_with: list[str] = field(default_factory=list)
+    source: str = ""
+    """Its campaign's folder, or "" for separate jobs."""
+    failed: int = 0
+    """Runs of this cell that did not finish (a campaign retried them once)."""
+    median: float = 0.0
+    interval: stats.Interval | None = None
+    """The 95% interval of the median, or the range where the runs are too few for one."""
+    speedup: stats.Effect | None = None
+    """Against single-gpu fp32 on 1 node of its source (Hodges-Lehmann, exact interval)."""
+    is_baseline: bool = False
+    """It is that single-gpu cell: speed-up 1.00x by definition, no interval."""
+    scaling: stats.Effect | None = None
+    """Speed-up over the same strategy and precision on 1 node, divided by the nodes; only for
+    nodes > 1."""
+    unsettled: list[str] = field(default_factory=list)
+    """Its runs that reached no steady state: "repeat-2 (step times vary 14%)"."""
+    loss_failure: str | None = None
+    """Why it fails loss parity (then it may not win), else None."""
+    vs_fastest: str = ""
+    """Its comparison with the verdict's leader, for the table."""
     allreduce_s: float | None = None
     """The network baseline's median time for one gradient all-reduce on this transport and
     world (hpcdp compare), where it was measured."""
@@ -49,7 +71,8 @@ class Cell:
     group: int = 0
     """Index of its comparison group: cells are compared only within one."""
     name: str = ""
-    """e.g. "horovod 2n"; with tasks per node and transport where two cells would share it."""
+    """e.g. "horovod 2n"; with tasks per node, transport and conditions where two cells of one
+    group would share it."""
 
     def short_name(self) -> str:
         precision = "" if self.precision in (None, BASELINE_PRECISION) else f" {self.precision}"
@@ -63,50 +86,116 @@ class Cell:
         return [r.tokens_per_s for r in self.runs if r.tokens_per_s is not None]
 
     def to_dict(self) -> dict:
-        t = self.tokens
-        return {"cell": self.name, "experiment": self.experiment, "strategy": self.strategy,
-                "nodes": self.nodes, "world_size": self.world_size, "precision": self.precision,
-                "communication": self.communication, "repeats": t.repeats if t else 0,
-                "tokens_per_s_median": t.median if t else None,
-                "tokens_per_s_ci95": [t.low, t.high] if t else None,
-                "tokens_per_s_range": [t.minimum, t.maximum] if t else None,
-                "speedup": self.speedup, "speedup_ci95": _pair(self.speedup_ci95),
-                "scaling_efficiency": self.scaling_efficiency,
-                "scaling_efficiency_ci95": _pair(self.scaling_efficiency_ci95),
-                "tie_with": self.tie_with, "allreduce_s": self.allreduce_s,
+        iv = self.interval
+        return {"cell": self.name, "source": self.source, "experiment": self.experiment,
+                "strategy": self.strategy, "nodes": self.nodes, "world_size": self.world_size,
+                "precision": self.precision, "communication": self.communication,
+                "conditions": dict(zip(("malloc", "threads", "cpus"), self.conditions)),
+                "repeats": len(self.runs), "failed": self.failed,
+                "tokens_per_s_median": self.median if self.runs else None,
+                "tokens_per_s_interval": _interval(iv),
+                "tokens_per_s_range": [min(self.values()), max(self.values())]
+                if self.runs else None,
+                "speedup": _effect(self.speedup, self.is_baseline),
+                "scaling_efficiency": _effect(self.scaling),
+                "unsettled_runs": self.unsettled, "loss_failure": self.loss_failure,
+                "vs_fastest": self.vs_fastest, "allreduce_s": self.allreduce_s,
                 "allreduce_share_of_step": self.allreduce_share,
                 "exposed_comm_share_of_step": self.exposed_share,
                 "bandwidth_reached": self.bandwidth_reached,
                 "runs": [r.run_dir for r in self.runs]}
 
 
-def _pair(interval: tuple[float, float] | None) -> list[float] | None:
-    return list(interval) if interval else None
+def _interval(iv: stats.Interval | None) -> dict | None:
+    if iv is None:
+        return None
+    return {"low": iv.low, "high": iv.high, "confidence": iv.level, "attained": iv.attained}
+
+
+def _effect(effect: stats.Effect | None, exact: bool = False) -> dict | None:
+    if exact:
+        return {"estimate": 1.0, "interval": None}
+    if effect is None:
+        return None
+    return {"estimate": effect.ratio, "interval": _interval(effect.interval)}
+
+
+def conditions_of(r: RunResult) -> tuple:
+    return (r.malloc, r.threads, r.cpus)
+
+
+def describe_conditions(conditions: tuple) -> str:
+    malloc, threads, cpus = conditions
+    return (f"malloc {malloc or '?'}, {threads if threads is not None else '?'} thread(s), "
+            f"{cpus if cpus is not None else '?'} CPU(s) per process")
 
 
 def cells_of(results: list[RunResult]) -> list[Cell]:
-    """One Cell per (strategy, nodes, world, precision, communication) of each comparison
-    group, from its finished runs; in the per-run table's order."""
+    """One Cell per (strategy, nodes, world, precision, communication, conditions) of each
+    comparison group (one source each), from its finished runs; in the per-run table's
+    order."""
     out: list[Cell] = []
     for index, group in enumerate(comparison_groups(results)):
         by_key: dict[tuple, Cell] = {}
+        failed: dict[tuple, int] = {}
         for r in group:
+            key = (r.strategy, r.nodes, r.world_size, r.precision, r.communication,
+                   conditions_of(r))
             if r.state not in FINISHED_STATES or r.tokens_per_s is None:
+                failed[key[:5]] = failed.get(key[:5], 0) + 1
                 continue
-            key = (r.strategy, r.nodes, r.world_size, r.precision, r.communication)
-            by_key.setdefault(key, Cell(r.experiment, *key, runs=[], group=index)).runs.append(r)
+            by_key.setdefault(key, Cell(r.experiment, *key, runs=[], source=r.source,
+                                        group=index)).runs.append(r)
         cells = list(by_key.values())
         for cell in cells:
+            cell.failed = failed.get((cell.strategy, cell.nodes, cell.world_size,
+                                      cell.precision, cell.communication), 0)
             cell.exposed_share = _exposed_share(cell.runs)
-        shorts = [c.short_name() for c in cells]
-        for cell in cells:
-            cell.name = (cell.short_name() if shorts.count(cell.short_name()) == 1
-                         else cell.long_name())
-            cell.tokens = stats.summarize(cell.name, cell.values())
+            values = cell.values()
+            cell.median = stats.median(values)
+            cell.interval = stats.median_interval(values)
+            cell.unsettled = _unsettled(cell.runs)
+            cell.loss_failure = _loss_failure(cell.runs)
+        _name(cells)
         _fill_ratios(cells)
-        _fill_ties(cells)
         out.extend(cells)
     return out
+
+
+def _name(cells: list[Cell]) -> None:
+    """Short names where they are unique in the group; else with tasks and transport; else
+    with the conditions too."""
+    shorts = [c.short_name() for c in cells]
+    longs = [c.long_name() for c in cells]
+    for cell in cells:
+        if shorts.count(cell.short_name()) == 1:
+            cell.name = cell.short_name()
+        elif longs.count(cell.long_name()) == 1:
+            cell.name = cell.long_name()
+        else:
+            cell.name = f"{cell.long_name()} [{describe_conditions(cell.conditions)}]"
+
+
+def _run_name(r: RunResult) -> str:
+    return Path(r.run_dir).name
+
+
+def _unsettled(runs: list[RunResult]) -> list[str]:
+    out = []
+    for r in runs:
+        why = stats.unsettled_reason(r.step_cv, r.step_drift)
+        if why:
+            out.append(f"{_run_name(r)} ({why})")
+    return out
+
+
+def _loss_failure(runs: list[RunResult]) -> str | None:
+    drifted = [r for r in runs if r.loss_drift is not None and r.loss_drift > LOSS_PARITY_RTOL]
+    if not drifted:
+        return None
+    worst = max(drifted, key=lambda r: r.loss_drift)
+    return (f"its loss drifts {worst.loss_drift:.1%} from {worst.parity_reference} "
+            f"(tolerance {LOSS_PARITY_RTOL:.0%}): the maths changed")
 
 
 def _exposed_share(runs: list[RunResult]) -> float | None:
@@ -134,74 +223,117 @@ def attach_baseline(cells: list[Cell], baseline: list[dict]) -> None:
 
 
 def _fill_ratios(cells: list[Cell]) -> None:
-    """Speed-up against single-gpu fp32 on 1 node; scaling efficiency against the same
-    strategy and precision on 1 node (same tasks per node where there is such a cell)."""
-    base = next((c for c in cells if (c.strategy, c.nodes, c.precision) ==
-                 (BASELINE_STRATEGY, 1, BASELINE_PRECISION)), None)
+    """Speed-up against single-gpu fp32 on 1 node; scaling efficiency (nodes > 1) against the
+    same strategy and precision on 1 node (same tasks per node where there is such a cell).
+    Only against cells of the same conditions: across them the ratio measures those."""
     for cell in cells:
-        if base is not None:
-            cell.speedup = cell.tokens.median / base.tokens.median
-            cell.speedup_ci95 = stats.ratio_ci(cell.values(), base.values())
-        alike = [o for o in cells if o.nodes == 1 and (o.strategy, o.precision) ==
-                 (cell.strategy, cell.precision)]
-        exact = [o for o in alike if o.world_size == (cell.world_size or 0) // (cell.nodes or 1)]
-        ref = (exact or alike or [None])[0]
+        alike = [o for o in cells if o.conditions == cell.conditions]
+        base = next((o for o in alike if (o.strategy, o.nodes, o.precision) ==
+                     (BASELINE_STRATEGY, 1, BASELINE_PRECISION)), None)
+        if base is cell:
+            cell.is_baseline = True
+        elif base is not None:
+            cell.speedup = stats.ratio_effect(cell.values(), base.values())
+        ones = [o for o in alike if o.nodes == 1 and (o.strategy, o.precision) ==
+                (cell.strategy, cell.precision)]
+        exact = [o for o in ones if o.world_size == (cell.world_size or 0) // (cell.nodes or 1)]
+        ref = (exact or ones or [None])[0]
         if ref is not None and cell.nodes and cell.nodes > 1:
-            n = cell.nodes
-            cell.scaling_efficiency = cell.tokens.median / (n * ref.tokens.median)
-            low, high = stats.ratio_ci(cell.values(), ref.values())
-            cell.scaling_efficiency_ci95 = (low / n, high / n)
+            effect, n = stats.ratio_effect(cell.values(), ref.values()), cell.nodes
+            iv = effect.interval
+            cell.scaling = stats.Effect(effect.ratio / n, stats.Interval(
+                iv.low / n, iv.high / n, iv.level, iv.attained))
 
 
-def _fill_ties(cells: list[Cell]) -> None:
-    """Ties among the cells of one node count: their intervals overlap."""
-    for nodes in {c.nodes for c in cells}:
-        same = [c for c in cells if c.nodes == nodes]
-        tied = stats.ties([c.tokens for c in same])
-        for cell in same:
-            cell.tie_with = tied[cell.name]
+def _verdict_units(cells: list[Cell]) -> list[tuple[int, int | None, list[Cell]]]:
+    """(group, nodes, cells) in table order: one verdict each."""
+    keys = dict.fromkeys((c.group, c.nodes) for c in cells)
+    return [(g, n, [c for c in cells if (c.group, c.nodes) == (g, n)]) for g, n in keys]
 
 
 def verdicts(cells: list[Cell]) -> list[dict]:
-    """Per comparison group and node count: the fastest cell, its margin, whether it is
-    decisive."""
+    """Per comparison group (one source) and node count: stats.decide over its cells, one
+    decision per set of conditions, and a refusal line where the cells differ in them."""
     out = []
-    for group, experiment, nodes in dict.fromkeys((c.group, c.experiment, c.nodes)
-                                                  for c in cells):
-        same = [c.tokens for c in cells if (c.group, c.nodes) == (group, nodes)]
-        v = stats.verdict(same, nodes or 1)
-        out.append({"experiment": experiment, "nodes": nodes, "fastest": v.fastest,
-                    "runner_up": v.runner_up, "margin": v.margin, "decisive": v.decisive,
-                    "text": v.text})
+    for _group, nodes, same in _verdict_units(cells):
+        first = same[0]
+        by_conditions: dict[tuple, list[Cell]] = {}
+        for c in same:
+            by_conditions.setdefault(c.conditions, []).append(c)
+        base = {"source": first.source, "experiment": first.experiment, "nodes": nodes}
+        if len(by_conditions) > 1:
+            sets = "; ".join(f"{', '.join(c.name for c in group)}: {describe_conditions(k)}"
+                             for k, group in by_conditions.items())
+            out.append({**base, "outcome": "refused", "fastest": None, "conditions": None,
+                        "text": f"no verdict across the cells on {nodes} node(s): they ran "
+                                f"under different conditions ({sets}); each set is judged on "
+                                "its own. Give every cell one train.malloc and thread count "
+                                "(hpcdp compare does)"})
+        for conditions, group in by_conditions.items():
+            band = next((r.equivalent_within for c in group for r in c.runs
+                         if r.equivalent_within is not None), stats.EQUIVALENT_WITHIN)
+            v = stats.decide({c.name: c.values() for c in group}, nodes or 1,
+                             equivalent_within=band,
+                             excluded={c.name: c.loss_failure for c in group if c.loss_failure},
+                             unsettled={c.name: ", ".join(c.unsettled) for c in group
+                                        if c.unsettled})
+            _mark(group, v)
+            out.append({**base, "outcome": v.outcome, "fastest": v.fastest,
+                        "conditions": dict(zip(("malloc", "threads", "cpus"), conditions)),
+                        "needed_repeats": v.needed_repeats, "text": v.text,
+                        "comparisons": [_comparison(c) for c in v.comparisons]})
     return out
 
 
+def _comparison(c: stats.Comparison) -> dict:
+    return {"other": c.other, "p": c.p, "p_holm": c.p_holm, "outcome": c.outcome,
+            "ratio": c.effect.ratio, "interval": _interval(c.effect.interval),
+            "equivalence_interval": _interval(c.equivalence)}
+
+
+def _mark(group: list[Cell], v: stats.Verdict) -> None:
+    """Each cell's word against the leader, for the table's last column."""
+    words = {"faster": "slower", "equivalent": "equivalent", "undecided": "not told apart"}
+    by_name = {c.other: c for c in v.comparisons}
+    for cell in group:
+        if cell.name == v.fastest:
+            cell.vs_fastest = "leader" if v.comparisons else "-"
+        elif cell.name in by_name:
+            c = by_name[cell.name]
+            cell.vs_fastest = f"{words[c.outcome]} (p={c.p_holm:.2g})"
+
+
 def has_repeats(cells: list[Cell]) -> bool:
-    return any(c.tokens and c.tokens.repeats > 1 for c in cells)
+    return any(len(c.runs) > 1 for c in cells)
 
 
-COLUMNS = ("cell", "repeats", "tokens/s median", "95% interval", "min-max", "speed-up",
-           "scaling eff", "exposed comm", "all-reduce / step", "bandwidth reached", "ties with")
+COLUMNS = ("cell", "runs", "tokens/s median", "95% interval", "speed-up", "scaling eff",
+           "exposed comm", "all-reduce / step", "bandwidth reached", "vs leader")
+
+
+def _effect_text(effect: stats.Effect | None, percent: bool, exact: bool = False) -> str:
+    fmt = (lambda v: f"{100 * v:.1f}%") if percent else (lambda v: f"{v:.2f}x")
+    if exact:
+        return fmt(1.0)
+    if effect is None:
+        return "-"
+    iv = effect.interval
+    if iv.attained:
+        return f"{fmt(effect.ratio)} [{fmt(iv.low)}, {fmt(iv.high)}]"
+    return f"{fmt(effect.ratio)} (range {fmt(iv.low)}-{fmt(iv.high)})"
 
 
 def _row(c: Cell) -> list[str]:
-    t = c.tokens
-
-    def ratio(value, interval, percent):
-        if value is None:
-            return "-"
-        fmt = (lambda v: f"{100 * v:.1f}%") if percent else (lambda v: f"{v:.2f}x")
-        return f"{fmt(value)} [{fmt(interval[0])}, {fmt(interval[1])}]"
-
-    return [c.name, str(t.repeats), f"{t.median:,.0f}", f"{t.low:,.0f}-{t.high:,.0f}",
-            f"{t.minimum:,.0f}-{t.maximum:,.0f}",
-            ratio(c.speedup, c.speedup_ci95, percent=False),
-            ratio(c.scaling_efficiency, c.scaling_efficiency_ci95, percent=True),
+    runs = str(len(c.runs)) + (f" ({c.failed} failed)" if c.failed else "") + \
+        (" *" if c.unsettled else "")
+    return [c.name, runs, f"{c.median:,.0f}", c.interval.text(),
+            _effect_text(c.speedup, percent=False, exact=c.is_baseline),
+            _effect_text(c.scaling, percent=True),
             "-" if c.exposed_share is None else f"{100 * c.exposed_share:.0f}%",
             "-" if c.allreduce_share is None else
             f"{c.allreduce_s * 1e3:.1f} ms = {100 * c.allreduce_share:.0f}%",
             "-" if c.bandwidth_reached is None else f"{100 * c.bandwidth_reached:.0f}%",
-            ", ".join(c.tie_with) or "-"]
+            c.vs_fastest or "-"]
 
 
 def _grid(rows: list[list[str]], markdown: bool) -> list[str]:
@@ -231,9 +363,40 @@ def render_baseline(baseline: list[dict], markdown: bool = False) -> str:
     return "\n".join([title, "", *_grid(rows, markdown)])
 
 
-def render_text(cells: list[Cell], markdown: bool = False) -> str:
-    """The per-cell table and one verdict line per node count."""
-    lines = _grid([list(COLUMNS)] + [_row(c) for c in cells], markdown)
-    verdict_lines = [f"- {v['text']}" for v in verdicts(cells)]
-    title = "Per cell, over repeats (median tokens/s, 95% bootstrap interval):"
-    return "\n".join([title, "", *lines, "", "Verdict:", *verdict_lines])
+def source_label(source: str, campaign: dict | None = None) -> str:
+    """How a source is named above its table."""
+    if not source:
+        return ("separate jobs (hpcdp submit, sbatch): each measured beside whatever else ran "
+                "then; never pooled with a campaign")
+    campaign = campaign or {}
+    exclusive = campaign.get("exclusive")
+    how = ("nodes exclusive" if exclusive else
+           "nodes NOT exclusive: other jobs may have shared them" if exclusive is False else
+           "exclusive not recorded")
+    malloc = campaign.get("malloc")
+    return f"campaign {source} ({how}{f', malloc {malloc}' if malloc else ''})"
+
+
+def render_text(cells: list[Cell], markdown: bool = False,
+                campaigns: dict[str, dict] | None = None,
+                decided: list[dict] | None = None) -> str:
+    """Per source: the per-cell table and its verdict lines (decided: verdicts(cells), which
+    also fills each cell's vs_fastest)."""
+    campaigns = campaigns or {}
+    decided = verdicts(cells) if decided is None else decided
+    sources = list(dict.fromkeys(c.source for c in cells))
+    lines = ["Per cell, over runs: steady tokens per step-second (what the verdict uses); the "
+             "95% interval of the median, or the range where too few runs allow one (6 for a "
+             "median, 4 per side for a ratio); speed-up and scaling as Hodges-Lehmann ratios "
+             "with exact 95% intervals; * a run that did not settle."]
+    if len(sources) > 1:
+        lines += ["", f"{len(sources)} sources here, each shown and judged on its own (never "
+                      "pooled): " + "; ".join(source_label(s, campaigns.get(s)) or "-"
+                                              for s in sources)]
+    for source in sources:
+        mine = [c for c in cells if c.source == source]
+        lines += ["", f"Source: {source_label(source, campaigns.get(source))}", ""]
+        lines += _grid([list(COLUMNS)] + [_row(c) for c in mine], markdown)
+        lines += ["", "Verdict:"] + [f"- {v['text']}" for v in decided
+                                      if v["source"] == source]
+    return "\n".join(lines)

@@ -1,31 +1,39 @@
-"""Statistics for `hpcdp compare`: strategies are measured with only a few repeats per cell (a
-cell = one strategy on one node count, typically 2-5 repeats), so a bare mean would hide how
-noisy each cell is and would declare winners that are really ties.
+"""Statistics for `hpcdp compare`: which strategy is fastest, from a few runs of each.
 
-    median(values)                          the centre: robust to one slow repeat
-    bootstrap_ci(values)                    percentile-bootstrap interval of that median
-    ratio_ci(numerator, denominator)        interval of a ratio of medians (speed-up, scaling)
-    summarize(name, values) -> CellStats    one cell: median, ci95, min, max
-    ties(cells)                             which cells cannot be told apart (intervals overlap)
-    verdict(cells, nodes) -> Verdict        the fastest, its margin, and whether it is decisive
+The run is the unit of evidence: steps within a run are correlated, so each run gives one
+number (its steady tokens/s) and a cell (a strategy on one node count) is its runs' numbers,
+typically 2-10 of them. At such n nothing may be assumed about their distribution, and what an
+interval or a test can say is limited by n itself, so everything here is exact and
+distribution-free, and says when n is too small to reach its level:
 
-Standard library only, so that the CLI imports fast. Deterministic: every random draw comes from
-random.Random(seed) with a fixed default seed, so the same inputs always give the same report.
+    median_interval(values)            order-statistic interval of the median (binomial), or the
+                                       range with the confidence it actually has
+    ratio_effect(x, y)                 Hodges-Lehmann ratio x/y with its exact (Moses) interval
+    exact_p(x, y)                      two-sided exact Mann-Whitney p (scipy.stats)
+    min_p(n_x, n_y)                    the smallest p that test can give at these sizes
+    holm(pvalues)                      Holm's step-down adjustment
+    decide(cells, nodes, ...)          the verdict of one node count: the fastest cell against
+                                       every other, corrected for the comparisons made
 
-Conventions, so that a table never looks self-contradictory: every interval contains its point
-estimate (the median, or the ratio of medians) and lies within the range the repeats allow.
+scipy.stats is imported only by exact_p/min_p, so that the CLI starts fast. Calibration (false
+calls and power per n, simulated through this code): bench/verdict_calibration.py, table in
+docs/compare.md.
 """
 
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
 
-DEFAULT_LEVEL = 0.95
-DEFAULT_RESAMPLES = 2000
-DEFAULT_SEED = 0
+LEVEL = 0.95
+"""Confidence of reported intervals."""
+ALPHA = 0.05
+"""Family-wise error of a verdict: the chance of calling a winner among equals."""
+EQUIVALENT_WITHIN = 0.02
+"""Default equivalence band (compare.equivalent_within): ratios within 1 +- this are 'no
+practical difference'."""
 
 
 def _checked(values: Sequence[float], what: str = "values") -> list[float]:
@@ -39,186 +47,330 @@ def _checked(values: Sequence[float], what: str = "values") -> list[float]:
     return out
 
 
-def _check_params(level: float, resamples: int) -> None:
-    """A level outside (0, 1) or no resamples would give a meaningless interval."""
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be strictly between 0 and 1, got {level!r}")
-    if resamples < 1:
-        raise ValueError(f"resamples must be at least 1, got {resamples!r}")
+def _positive(values: Sequence[float], what: str) -> list[float]:
+    out = _checked(values, what)
+    if min(out) <= 0.0:
+        raise ValueError(f"{what} must be positive throughputs, got {min(out)!r}")
+    return out
 
 
-def _median_of(values: Sequence[float]) -> float:
-    """Median without re-checking: the bootstrap calls this thousands of times."""
-    ordered = sorted(values)
+def _median_of(ordered: Sequence[float]) -> float:
     n = len(ordered)
     mid = n // 2
-    if n % 2:
-        return ordered[mid]
-    return (ordered[mid - 1] + ordered[mid]) / 2.0
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
 
 
 def median(values: Sequence[float]) -> float:
-    """The centre of a cell's repeats: one straggling repeat moves it far less than a mean."""
-    return _median_of(_checked(values))
-
-
-def _percentile_interval(estimates: list[float], level: float) -> tuple[float, float]:
-    """Nearest-rank percentiles of the bootstrap estimates: always one of the estimates, so no
-    interpolation can step outside the range they span."""
-    ordered = sorted(estimates)
-    last = len(ordered) - 1
-    tail = (1.0 - level) / 2.0
-    low = ordered[max(0, min(last, round(tail * last)))]
-    high = ordered[max(0, min(last, round((1.0 - tail) * last)))]
-    return low, high
-
-
-def _contain(interval: tuple[float, float], point: float, floor: float,
-             ceiling: float) -> tuple[float, float]:
-    """Widen the interval to hold its point estimate and clip it to [floor, ceiling], so that
-    a reported median is never outside its own interval, whatever the resampling drew."""
-    low, high = interval
-    low = max(floor, min(low, point))
-    high = min(ceiling, max(high, point))
-    return low, high
-
-
-def bootstrap_ci(values: Sequence[float], level: float = DEFAULT_LEVEL,
-                 resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED
-                 ) -> tuple[float, float]:
-    """Percentile-bootstrap interval of the median over repeats: with 2-5 repeats nothing can
-    be assumed about their distribution, so resample the repeats themselves.
-
-    One value gives (v, v); the result always lies within [min(values), max(values)] and
-    contains median(values)."""
-    data = _checked(values)
-    _check_params(level, resamples)
-    point = _median_of(data)
-    if len(data) == 1 or min(data) == max(data):
-        return point, point
-    rng = random.Random(seed)
-    n = len(data)
-    estimates = [_median_of(rng.choices(data, k=n)) for _ in range(resamples)]
-    return _contain(_percentile_interval(estimates, level), point, min(data), max(data))
-
-
-def ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
-             level: float = DEFAULT_LEVEL, resamples: int = DEFAULT_RESAMPLES,
-             seed: int = DEFAULT_SEED) -> tuple[float, float]:
-    """Interval of median(numerator) / median(denominator), resampling both sides
-    independently (their repeats are separate runs). Used for speed-up and scaling efficiency;
-    a caller wanting per-node efficiency divides by the node count itself.
-
-    The denominator must be positive (it is a throughput). The result contains the ratio of
-    medians and lies within [min(numerator) / max(denominator), max(numerator) /
-    min(denominator)] when the numerator is non-negative."""
-    num = _checked(numerator, "numerator")
-    den = _checked(denominator, "denominator")
-    _check_params(level, resamples)
-    if min(den) <= 0.0:
-        raise ValueError(f"denominator must be positive, got {min(den)!r}")
-    point = _median_of(num) / _median_of(den)
-    if (len(num) == 1 or min(num) == max(num)) and (len(den) == 1 or min(den) == max(den)):
-        return point, point
-    rng = random.Random(seed)
-    estimates = []
-    for _ in range(resamples):
-        top = _median_of(rng.choices(num, k=len(num)))
-        bottom = _median_of(rng.choices(den, k=len(den)))
-        estimates.append(top / bottom)
-    corners = [a / b for a in (min(num), max(num)) for b in (min(den), max(den))]
-    return _contain(_percentile_interval(estimates, level), point, min(corners), max(corners))
+    """The centre of a cell's runs: one straggling run moves it far less than a mean."""
+    return _median_of(sorted(_checked(values)))
 
 
 @dataclass(frozen=True)
-class CellStats:
-    """One cell (a strategy on one node count): its repeats reduced to what the table shows.
-    low/high are the 95% bootstrap interval of the median."""
+class Interval:
+    """[low, high] with the confidence it has. attained: False when n is too small for the
+    level asked; the interval is then the widest one the data allow (the range) and `level` is
+    its own, lower, confidence."""
 
-    name: str
-    repeats: int
-    median: float
     low: float
     high: float
-    minimum: float
-    maximum: float
+    level: float
+    attained: bool
+
+    def text(self, fmt=lambda v: f"{v:,.0f}") -> str:
+        if self.low == self.high and self.attained:
+            return fmt(self.low)
+        span = f"{fmt(self.low)}-{fmt(self.high)}"
+        return span if self.attained else f"range {span} ({self.level:.0%})"
 
 
-def summarize(name: str, values: Sequence[float], seed: int = DEFAULT_SEED) -> CellStats:
-    """One cell's repeats as a CellStats: the median with its 95% interval and the raw range,
-    so a reader sees both the estimate and how far the repeats actually spread."""
-    data = _checked(values, f"values of {name!r}")
-    low, high = bootstrap_ci(data, level=DEFAULT_LEVEL, seed=seed)
-    return CellStats(name=name, repeats=len(data), median=_median_of(data), low=low,
-                     high=high, minimum=min(data), maximum=max(data))
+# --- the median of one cell -------------------------------------------------------------------
+
+def _binomial_tail(n: int, k: int) -> float:
+    """P(Binomial(n, 1/2) <= k)."""
+    return sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
 
 
-def _overlap(a: CellStats, b: CellStats) -> bool:
-    """Closed-interval overlap: touching endpoints count, erring on the side of 'a tie'."""
-    return a.low <= b.high and b.low <= a.high
+def median_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
+    """Distribution-free interval of the median: [x_(k), x_(n+1-k)] with the largest k whose
+    coverage 1 - 2 P(B <= k-1), B ~ Binomial(n, 1/2), still reaches `level`. Below 6 runs no k
+    does (the range covers the median with 1 - 2^(1-n): 50% at 2, 75% at 3), and it says so."""
+    data = sorted(_checked(values))
+    n = len(data)
+    if n == 1:
+        return Interval(data[0], data[0], 0.0, False)
+    best = None
+    for k in range(1, n // 2 + 1):
+        coverage = 1.0 - 2.0 * _binomial_tail(n, k - 1)
+        if coverage >= level:
+            best = (k, coverage)
+    if best is None:
+        return Interval(data[0], data[-1], 1.0 - 2.0 * 0.5 ** n, False)
+    k, coverage = best
+    return Interval(data[k - 1], data[n - k], coverage, True)
 
 
-def _unique_names(cells: Sequence[CellStats]) -> None:
-    """Cells are keyed by name; two cells with one name would silently merge."""
-    seen: set[str] = set()
-    for cell in cells:
-        if cell.name in seen:
-            raise ValueError(f"duplicate cell name {cell.name!r}")
-        seen.add(cell.name)
+# --- two cells: the exact test and the effect -------------------------------------------------
+
+def exact_p(x: Sequence[float], y: Sequence[float]) -> float:
+    """Two-sided exact p of 'x and y come from one distribution' (Mann-Whitney, on ranks: a run
+    slowed by a neighbour counts once, not by how slow). Ties: an exact permutation test of the
+    same statistic, as scipy's exact method assumes none."""
+    from scipy import stats as sps
+
+    xs, ys = _checked(x, "x"), _checked(y, "y")
+    # scipy's permutation test needs 2 runs a side; with one, ties only make U's exact p larger
+    if len(set(xs + ys)) == len(xs) + len(ys) or min(len(xs), len(ys)) < 2:
+        return float(sps.mannwhitneyu(xs, ys, alternative="two-sided", method="exact").pvalue)
+
+    def u(a, b, axis=-1):
+        return sps.mannwhitneyu(a, b, axis=axis, method="asymptotic").statistic
+
+    result = sps.permutation_test((xs, ys), u, permutation_type="independent",
+                                  alternative="two-sided", n_resamples=math.inf,
+                                  vectorized=True)
+    return float(min(1.0, result.pvalue))
 
 
-def ties(cells: Sequence[CellStats]) -> dict[str, list[str]]:
-    """For every cell, the other cells it cannot be told apart from (their 95% intervals
-    overlap), sorted by name; a cell with no ties maps to []. Keys are in name order too."""
-    _unique_names(cells)
-    ordered = sorted(cells, key=lambda c: c.name)
-    return {cell.name: [other.name for other in ordered
-                        if other.name != cell.name and _overlap(cell, other)]
-            for cell in ordered}
+@cache
+def min_p(n_x: int, n_y: int) -> float:
+    """The smallest two-sided p exact_p can return for these sizes (completely separated runs),
+    taken from the test itself: 0.333 at 2 vs 2, 0.100 at 3 vs 3, 0.029 at 4 vs 4."""
+    return exact_p([float(2 * n_y + i) for i in range(n_x)], [float(i) for i in range(n_y)])
+
+
+@cache
+def _u_counts(m: int, n: int) -> tuple[int, ...]:
+    """Number of orderings giving each Mann-Whitney U = 0..m*n (no ties), by the classic
+    recurrence f(m, n, u) = f(m-1, n, u-n) + f(m, n-1, u)."""
+    if m == 0 or n == 0:
+        return (1,)
+    a, b = _u_counts(m - 1, n), _u_counts(m, n - 1)
+    out = [0] * (m * n + 1)
+    for u in range(m * n + 1):
+        out[u] = (a[u - n] if 0 <= u - n < len(a) else 0) + (b[u] if u < len(b) else 0)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Effect:
+    """x relative to y: the Hodges-Lehmann ratio (median of all run-by-run ratios) and its
+    exact distribution-free interval (Moses: order statistics of those ratios)."""
+
+    ratio: float
+    interval: Interval
+
+
+def ratio_effect(x: Sequence[float], y: Sequence[float], level: float = LEVEL) -> Effect:
+    """On logs, so that 'x is 5% faster' and 'y is 4.8% slower' are one statement."""
+    xs, ys = _positive(x, "x"), _positive(y, "y")
+    diffs = sorted(math.log(a) - math.log(b) for a in xs for b in ys)
+    mn = len(diffs)
+    estimate = math.exp(_median_of(diffs))
+    counts = _u_counts(len(xs), len(ys))
+    total = sum(counts)
+    # [d_(c+1), d_(mn-c)] covers the true ratio with 1 - 2 P(U <= c): the largest such c.
+    chosen, below = None, 0
+    for c in range((mn + 1) // 2):
+        below += counts[c]
+        coverage = 1.0 - 2.0 * below / total
+        if coverage < level:
+            break
+        chosen = (c, coverage)
+    if chosen is None:  # too few runs: the widest interval, with the confidence it has
+        interval = Interval(math.exp(diffs[0]), math.exp(diffs[-1]),
+                            1.0 - 2.0 * counts[0] / total, False)
+    else:
+        c, coverage = chosen
+        interval = Interval(math.exp(diffs[c]), math.exp(diffs[mn - 1 - c]), coverage, True)
+    return Effect(estimate, interval)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (in input order): reject where adjusted <= alpha, and
+    the chance of any false rejection stays <= alpha whatever the dependence."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    m, running, out = len(pvalues), 0.0, [1.0] * len(pvalues)
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+# --- the verdict of one node count ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Comparison:
+    """The fastest cell against one other."""
+
+    other: str
+    p: float
+    p_holm: float
+    effect: Effect
+    """fastest / other."""
+    equivalence: Interval
+    """The (1 - 2 alpha) interval of the ratio: inside the band means equivalent (TOST)."""
+    outcome: str
+    """'faster' (significant, beyond the band), 'equivalent' (inside the band), 'undecided'."""
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The headline of one node count: who is fastest, by how much, and whether the margin is
-    larger than the noise (decisive) or not (a tie)."""
+    """The headline of one node count."""
 
     fastest: str
-    runner_up: str | None
-    margin: float
-    decisive: bool
+    outcome: str
+    """'faster': ahead of every other cell; 'equivalent': no practical difference with any;
+    'undecided': neither shown; 'too few repeats': no call was possible at these repeats;
+    'alone': nothing to compare."""
+    comparisons: list[Comparison]
     text: str
+    needed_repeats: int | None = None
+    """Runs per cell from which a call becomes possible (with this many cells)."""
+    excluded: dict[str, str] = field(default_factory=dict)
+    """Cells that may not win, and why (loss parity)."""
+    unsettled: dict[str, str] = field(default_factory=dict)
+    """Runs whose steady state was not reached, by cell."""
+
+
+def needed_repeats(cells: int, alpha: float = ALPHA, limit: int = 50) -> int | None:
+    """Runs per cell from which the fastest of `cells` can be called faster than every other:
+    completely separated runs give every comparison min_p(n, n), and Holm then needs
+    min_p(n, n) <= alpha / (cells - 1)."""
+    comparisons = max(1, cells - 1)
+    for n in range(2, limit + 1):
+        if min_p(n, n) <= alpha / comparisons:
+            return n
+    return None
 
 
 def _nodes_phrase(nodes: int) -> str:
-    """'1 node' / '2 nodes': the verdict is a sentence a person reads."""
     return f"{nodes} node" if nodes == 1 else f"{nodes} nodes"
 
 
-def verdict(cells: Sequence[CellStats], nodes: int) -> Verdict:
-    """The fastest cell (highest median: tokens/s, higher is better) against the runner-up.
-    margin = fastest.median / runner_up.median - 1 (0.0 when alone); decisive only when the
-    fastest's interval low is above the runner-up's interval high. Equal medians are ordered
-    by name, so the answer does not depend on the input order."""
+def _percent(ratio: float) -> str:
+    return f"{ratio - 1.0:+.1%}"
+
+
+def decide(cells: Mapping[str, Sequence[float]], nodes: int, *, alpha: float = ALPHA,
+           equivalent_within: float = EQUIVALENT_WITHIN,
+           excluded: Mapping[str, str] | None = None,
+           unsettled: Mapping[str, str] | None = None) -> Verdict:
+    """cells: name -> per-run tokens/s (higher is better). The fastest eligible cell (highest
+    median; ties by name) is compared with every other cell by exact_p, Holm-corrected over
+    those comparisons. It is 'faster' only where the correction still rejects and the effect's
+    interval lies beyond the equivalence band; 'equivalent' where the (1 - 2 alpha) interval of
+    the ratio lies inside the band (two one-sided tests). excluded: cells that may not win
+    (name -> reason); unsettled: cells with unsettled runs (name -> which)."""
     if not cells:
         raise ValueError("no cells to compare")
     if nodes < 1:
         raise ValueError(f"nodes must be at least 1, got {nodes!r}")
-    _unique_names(cells)
-    ranked = sorted(cells, key=lambda c: (-c.median, c.name))
-    best, where = ranked[0], _nodes_phrase(nodes)
-    if len(ranked) == 1:
-        return Verdict(fastest=best.name, runner_up=None, margin=0.0, decisive=False,
-                       text=f"{best.name} is the only strategy measured on {where}: "
-                            "nothing to compare")
-    second = ranked[1]
-    if second.median <= 0.0:
-        raise ValueError(f"medians must be positive to compare, {second.name!r} has "
-                         f"{second.median!r}")
-    margin = best.median / second.median - 1.0
-    decisive = best.low > second.high
-    tail = ("the margin exceeds the spread" if decisive
-            else "the margin is within the spread: a tie")
-    text = (f"{best.name} is fastest on {where}, {margin:.1%} ahead of {second.name}; "
-            f"{tail}")
-    return Verdict(fastest=best.name, runner_up=second.name, margin=margin,
-                   decisive=decisive, text=text)
+    if not 0.0 <= equivalent_within < 1.0:
+        raise ValueError(f"equivalent_within must be in [0, 1), got {equivalent_within!r}")
+    data = {name: _positive(values, f"runs of {name!r}") for name, values in cells.items()}
+    excluded, unsettled = dict(excluded or {}), dict(unsettled or {})
+    where = _nodes_phrase(nodes)
+    ranked = sorted(data, key=lambda name: (-_median_of(sorted(data[name])), name))
+    eligible = [name for name in ranked if name not in excluded]
+    notes = [f"{name} may not win: {why}" for name, why in excluded.items() if name in data]
+    notes += [f"unsettled runs in {name}: {which}" for name, which in unsettled.items()
+              if name in data]
+    tail = "".join(f"; {n}" for n in notes)
+    if not eligible:
+        return Verdict(ranked[0], "undecided", [], f"no cell on {where} may win{tail}",
+                       excluded=excluded, unsettled=unsettled)
+    best = eligible[0]
+    others = [name for name in ranked if name != best]
+    if not others:
+        return Verdict(best, "alone", [], f"{best} is the only strategy measured on {where}: "
+                       f"nothing to compare{tail}", excluded=excluded, unsettled=unsettled)
+    raw = [exact_p(data[best], data[o]) for o in others]
+    adjusted = holm(raw)
+    low_band, high_band = 1.0 / (1.0 + equivalent_within), 1.0 + equivalent_within
+    comparisons = []
+    for other, p, p_adj in zip(others, raw, adjusted):
+        effect = ratio_effect(data[best], data[other])
+        tost = ratio_effect(data[best], data[other], level=1.0 - 2.0 * alpha).interval
+        if tost.attained and low_band < tost.low and tost.high < high_band:
+            outcome = "equivalent"
+        elif p_adj <= alpha and effect.ratio > 1.0 and effect.interval.low > high_band:
+            outcome = "faster"
+        else:
+            outcome = "undecided"
+        comparisons.append(Comparison(other, p, p_adj, effect, tost, outcome))
+    n_runs = min(len(v) for v in data.values())
+    need = needed_repeats(len(data), alpha)
+    possible = any(min_p(len(data[best]), len(data[o])) <= alpha / len(others) for o in others)
+    equiv_possible = any(c.equivalence.attained for c in comparisons)
+    m = len(others)
+    correction = f", Holm over {m}" if m > 1 else ""
+
+    def said(c: Comparison) -> str:
+        iv = c.effect.interval
+        bounds = f"[{_percent(iv.low)}, {_percent(iv.high)}]"
+        if not iv.attained:
+            bounds = f"range {bounds} ({iv.level:.0%})"
+        return f"{c.other} {_percent(c.effect.ratio)} {bounds}, p={c.p_holm:.3g}"
+
+    band = f"{equivalent_within:.0%}"
+    ahead = [c for c in comparisons if c.outcome == "faster"]
+    alike = [c for c in comparisons if c.outcome == "equivalent"]
+    open_ = [c for c in comparisons if c.outcome == "undecided"]
+    method = f"exact Mann-Whitney{correction}, {len(data[best])} runs"
+    if not open_ and not alike:
+        outcome = "faster"
+        text = f"{best} is fastest on {where}: ahead of " + "; ".join(map(said, ahead)) + \
+            f" ({method})"
+    elif not open_:
+        outcome = "equivalent"
+        names = ", ".join([best] + [c.other for c in alike])
+        text = f"{names} are equivalent on {where} (90% interval of each ratio within {band})"
+        if ahead:
+            text += f"; {best} is ahead of " + "; ".join(map(said, ahead)) + f" ({method})"
+    elif not possible and not equiv_possible:
+        outcome = "too few repeats"
+        text = (f"too few repeats to call on {where}: {n_runs} run(s) per cell can reach no "
+                f"p <= {alpha:g}{correction}; {need} needed (median leader {best})")
+    else:
+        outcome = "undecided"
+        text = f"no winner on {where}: {best} leads"
+        if ahead:
+            text += "; ahead of " + "; ".join(map(said, ahead))
+        if alike:
+            text += f"; equivalent within {band} to " + ", ".join(c.other for c in alike)
+        text += "; not told apart from " + "; ".join(map(said, open_))
+        if need is not None and n_runs < need:
+            text += f" ({need} runs per cell make a call possible)"
+    return Verdict(best, outcome, comparisons, text + tail, needed_repeats=need,
+                   excluded=excluded, unsettled=unsettled)
+
+
+# --- one run's steady state -------------------------------------------------------------------
+
+UNSETTLED_CV = 0.10
+"""A run whose steady step times vary more than this (std / mean) did not settle."""
+UNSETTLED_DRIFT = 0.05
+"""Nor one whose second half's median step differs from its first half's by more than this."""
+
+
+def steadiness(step_times: Sequence[float]) -> tuple[float | None, float | None]:
+    """(coefficient of variation, drift = median(second half) / median(first half) - 1) of a
+    run's steady step times; None where there are too few steps (under 4)."""
+    times = [float(t) for t in step_times if t is not None and math.isfinite(t) and t > 0]
+    if len(times) < 4:
+        return None, None
+    mean = sum(times) / len(times)
+    cv = math.sqrt(sum((t - mean) ** 2 for t in times) / (len(times) - 1)) / mean
+    half = len(times) // 2
+    drift = _median_of(sorted(times[-half:])) / _median_of(sorted(times[:half])) - 1.0
+    return cv, drift
+
+
+def unsettled_reason(cv: float | None, drift: float | None) -> str | None:
+    """Why a run did not reach a steady state, or None when it did (or cannot be told)."""
+    reasons = []
+    if cv is not None and cv > UNSETTLED_CV:
+        reasons.append(f"step times vary {cv:.0%}")
+    if drift is not None and abs(drift) > UNSETTLED_DRIFT:
+        reasons.append(f"second half {drift:+.0%} vs first")
+    return ", ".join(reasons) or None

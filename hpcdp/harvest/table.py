@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hpcdp import strategies
 from hpcdp.config import TrainConfig
+from hpcdp.harvest import stats
 from hpcdp.harvest.read import MetricsLog
 
 # For headers without a config: what the trainer would have used.
@@ -91,6 +92,19 @@ class RunResult:
     malloc: str | None = None
     """The C allocator rank 0 ran with (header `malloc`: tcmalloc, jemalloc, system); None in
     logs from before it was recorded."""
+    threads: int | None = None
+    """Threads per process (header threads_per_process): part of the conditions."""
+    cpus: int | None = None
+    """CPUs each process could run on (header cpus_per_process): part of the conditions."""
+    step_cv: float | None = None
+    """Coefficient of variation of its steady step times (stats.steadiness)."""
+    step_drift: float | None = None
+    """Median step time of the second half of its steady steps over the first's, minus 1."""
+    equivalent_within: float | None = None
+    """compare.equivalent_within of its experiment (the verdict's equivalence band)."""
+    source: str = ""
+    """The population it belongs to: its campaign's folder, or "" for separate jobs (hpcdp
+    submit, sbatch). Runs of different sources are never compared (harvest sets it)."""
     settings: dict = field(default_factory=dict)
     """COMPARED_SETTINGS as the header's config holds them (None where it does not say)."""
     baseline: str | None = None
@@ -174,6 +188,9 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         final_val = _number(log.summary.get("final_val_loss"))
     planned = ((header.get("config") or {}).get("train") or {}).get("steps")
     config = header.get("config") if isinstance(header.get("config"), dict) else {}
+    cv, drift = stats.steadiness(dts) if steady else (None, None)
+    band = (config.get("compare") or {}).get("equivalent_within") if isinstance(
+        config.get("compare"), dict) else None
     settings = {}
     for key in COMPARED_SETTINGS:
         section, name = key.split(".")
@@ -201,8 +218,14 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         mfu=_median(mfus), curve_step=list(map(step_of.__getitem__, with_loss)),
         curve_time_s=list(map(c.t.__getitem__, with_loss)), curve_loss=losses,
         malloc=header.get("malloc") if isinstance(header.get("malloc"), str) else None,
-        settings=settings,
+        threads=_count(header.get("threads_per_process")),
+        cpus=_count(header.get("cpus_per_process")), step_cv=cv, step_drift=drift,
+        equivalent_within=_number(band), settings=settings,
     )
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _communication(header: dict) -> str | None:
@@ -237,12 +260,15 @@ def _frozen(settings: dict) -> tuple:
 
 
 def comparison_groups(results: list[RunResult]) -> list[list[RunResult]]:
-    """Runs that may be compared: one experiment, the same COMPARED_SETTINGS. Largest group
-    of each experiment first, so that it is the one the others are described against."""
+    """Runs that may be compared: one experiment, one source (a campaign, or separate jobs:
+    populations measured under different conditions are never pooled), the same
+    COMPARED_SETTINGS. Largest group of each experiment and source first, so that it is the one
+    the others are described against."""
     by_key: dict[tuple, list[RunResult]] = {}
     for r in sorted(results, key=RunResult.key):
-        by_key.setdefault((r.experiment or "", _frozen(r.settings)), []).append(r)
-    return sorted(by_key.values(), key=lambda g: (g[0].experiment or "", -len(g), g[0].key()))
+        by_key.setdefault((r.experiment or "", r.source, _frozen(r.settings)), []).append(r)
+    return sorted(by_key.values(),
+                  key=lambda g: (g[0].experiment or "", g[0].source, -len(g), g[0].key()))
 
 
 def _differences(settings: dict, reference: dict, limit: int = 3) -> str:
@@ -261,9 +287,10 @@ def fill_comparisons(results: list[RunResult], target_loss: float | None,
     Default target: the highest final loss in the group, so that every run of it reaches it.
     """
     first_target = None
-    largest: dict[str, RunResult] = {}
+    largest: dict[tuple, RunResult] = {}
     for group in comparison_groups(results):
-        reference = largest.setdefault(group[0].experiment or "", _preferred(group))
+        reference = largest.setdefault((group[0].experiment or "", group[0].source),
+                                       _preferred(group))
         if reference not in group:
             for r in group:
                 r.notes.append(f"trained differently from {name_of(reference)}: "
@@ -308,7 +335,7 @@ def _fill_group(group: list[RunResult], target_loss: float | None, name_of) -> f
             if r.world_size:
                 r.efficiency_vs_single = r.tokens_per_s / (r.world_size * base.tokens_per_s)
         ref = one_node_reference(r)
-        if ref is not None and r.nodes:
+        if ref is not None and r.nodes and r.nodes > 1:  # 1 node against 1 node means nothing
             r.scaling_efficiency = r.tokens_per_s / (r.nodes * ref.tokens_per_s)
     _check_loss_parity(group, name_of)
     # Time to a loss compares like with like only at one global batch: another batch solves

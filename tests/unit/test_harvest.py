@@ -265,7 +265,8 @@ def test_speedup_and_both_efficiencies(matrix):
     assert ddp2.speedup == pytest.approx(3.0)
     assert ddp2.scaling_efficiency == pytest.approx(3000 / (2 * 1800))
     assert ddp2.efficiency_vs_single == pytest.approx(3000 / (4 * 1000))
-    assert rows[("distributed-ps", 1)].scaling_efficiency == pytest.approx(1.0)
+    # scaling means something only on more than one node (issue 18: a 1-node "144%")
+    assert rows[("distributed-ps", 1)].scaling_efficiency is None
     assert rows[("single-gpu", 1)].speedup == pytest.approx(1.0)
     # No 1-node fp16 run: no scaling efficiency for it, but a speed-up over fp32 single-gpu.
     amp = rows[("distributed-ps-apex", 2)]
@@ -492,48 +493,61 @@ def test_a_stopped_run_has_one_note_with_or_without_an_interrupted_summary(tmp_p
 # --------------------------------------------------------------------------- repeats
 
 
-def _campaign(tmp_path: Path, tokens: dict[tuple[str, int], list[float]]) -> Path:
-    root = tmp_path / "compare"
+def _campaign(tmp_path: Path, tokens: dict[tuple[str, int], list[float]],
+              name: str = "compare", record: dict | None = None, **kwargs) -> Path:
+    """A campaign folder as hpcdp compare leaves it: campaign.json and one run per repeat."""
+    root = tmp_path / name
     for (strategy, nodes), values in tokens.items():
         for k, tps in enumerate(values, start=1):
             simple_run(root / f"{strategy}-{nodes}n" / f"repeat-{k}", strategy, nodes, nodes,
-                       tps)
+                       tps, **kwargs)
+    (root / "campaign.json").write_text(json.dumps(record or {"exclusive": True}))
     return root
 
 
-def test_repeats_become_cells_with_intervals_ties_and_a_verdict(tmp_path):
+def test_repeats_become_cells_with_intervals_and_a_verdict(tmp_path):
     root = _campaign(tmp_path, {
         ("single-gpu", 1): [1000.0, 1010.0, 990.0],
-        ("distributed-ps", 1): [1005.0, 995.0, 1015.0],   # overlaps single-gpu: a tie
-        ("distributed-ps", 2): [1900.0, 1910.0, 1890.0],
-        ("horovod", 2): [1500.0, 1490.0, 1510.0],         # clearly slower on 2 nodes
+        ("distributed-ps", 1): [1005.0, 995.0, 1015.0],   # the same within noise
+        ("distributed-ps", 2): [1900.0, 1910.0, 1890.0, 1905.0],
+        ("horovod", 2): [1500.0, 1490.0, 1510.0, 1495.0],         # clearly slower on 2 nodes
     })
     result = json.loads(harvest.render(harvest.collect([root], query_slurm=False), "json"))
     cells = {c["cell"]: c for c in result["cells"]}
     assert set(cells) == {"single-gpu 1n", "distributed-ps 1n", "distributed-ps 2n",
                           "horovod 2n"}
     ddp2 = cells["distributed-ps 2n"]
-    assert ddp2["repeats"] == 3 and ddp2["tokens_per_s_median"] == 1900.0
-    low, high = ddp2["tokens_per_s_ci95"]
-    assert 1890.0 <= low <= 1900.0 <= high <= 1910.0
-    assert ddp2["speedup"] == pytest.approx(1.9)
-    assert ddp2["scaling_efficiency"] == pytest.approx(1900 / (2 * 1005))
-    lo, hi = ddp2["scaling_efficiency_ci95"]
-    assert 1890 / (2 * 1015) <= lo <= ddp2["scaling_efficiency"] <= hi <= 1910 / (2 * 995)
-    assert cells["single-gpu 1n"]["tie_with"] == ["distributed-ps 1n"]
-    assert ddp2["tie_with"] == [] and cells["horovod 2n"]["tie_with"] == []
+    assert ddp2["repeats"] == 4 and ddp2["tokens_per_s_median"] == 1902.5
+    assert ddp2["source"] == str(root)
+    # 4 runs allow no 95% interval of a median: the range, with the confidence it has
+    iv = ddp2["tokens_per_s_interval"]
+    assert (iv["low"], iv["high"], iv["attained"]) == (1890.0, 1910.0, False)
+    assert iv["confidence"] == pytest.approx(1 - 2 * 0.5 ** 4)
+    assert cells["single-gpu 1n"]["speedup"] == {"estimate": 1.0, "interval": None}
+    assert ddp2["speedup"]["estimate"] == pytest.approx(1.9, rel=0.01)
+    assert cells["distributed-ps 1n"]["scaling_efficiency"] is None  # 1 node: none
+    eff = ddp2["scaling_efficiency"]
+    # within the extreme run-by-run ratios (exp/log rounding aside)
+    assert 1890 / (2 * 1015) * (1 - 1e-12) <= eff["interval"]["low"] <= eff["estimate"] \
+        <= eff["interval"]["high"] <= 1910 / (2 * 995) * (1 + 1e-12)
     verdict = {v["nodes"]: v for v in result["verdict"]}
-    assert verdict[1]["decisive"] is False and "a tie" in verdict[1]["text"]
-    assert (verdict[2]["fastest"], verdict[2]["runner_up"], verdict[2]["decisive"]) == (
-        "distributed-ps 2n", "horovod 2n", True)
+    # 3 runs per cell can reach no p <= 0.05 (the smallest exact p at 3 vs 3 is 0.1), and the
+    # ratio's 90% interval (0.975-1.015) is wider than the 2% band: neither call is made
+    assert verdict[1]["outcome"] == "undecided"
+    assert "not told apart" in verdict[1]["text"] and "4 runs per cell" in verdict[1]["text"]
+    assert verdict[2]["outcome"] == "faster" and verdict[2]["fastest"] == "distributed-ps 2n"
+    (vs_horovod,) = verdict[2]["comparisons"]
+    assert vs_horovod["p"] == pytest.approx(2 / 70)  # completely separated, 4 vs 4
+    assert cells["horovod 2n"]["vs_fastest"].startswith("slower")
     text = harvest.render(harvest.collect([root], query_slurm=False), "table")
-    assert "Per cell, over repeats" in text and "repeat of distributed-ps-2n/repeat-1" in text
+    assert "Per cell, over runs" in text and "repeat of distributed-ps-2n/repeat-1" in text
+    assert f"Source: campaign {root} (nodes exclusive)" in text
 
 
 def test_single_runs_get_no_repeats_section(tmp_path):
     root = _campaign(tmp_path, {("single-gpu", 1): [1000.0], ("distributed-ps", 2): [1800.0]})
     text = harvest.render(harvest.collect([root], query_slurm=False), "table")
-    assert "Per cell, over repeats" not in text
+    assert "Per cell, over runs" not in text
     cells = json.loads(harvest.render(harvest.collect([root], query_slurm=False), "json"))["cells"]
     assert [c["repeats"] for c in cells] == [1, 1]
 

@@ -1,280 +1,210 @@
-"""hpcdp.harvest.stats on repeats with a KNOWN spread: medians, bootstrap intervals of the
-median, ratio intervals, ties and the verdict sentence. Standard-library statistics, so every
-expected value here is either computed by hand or a guaranteed property of the method."""
+"""harvest/stats.py: exact, distribution-free statistics for a few runs per cell, with known
+answers (issue 18): identical cells give no winner at any n, the A/B/C case is not decisive,
+a real 10% difference at 8 runs is called with its p-value."""
 
 from __future__ import annotations
 
-import dataclasses
+import math
+import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcdp.harvest import stats
-from hpcdp.harvest.stats import CellStats
 
-TIGHT = [1000.0, 1001.0, 999.0, 1000.5, 999.5]
-WIDE = [800.0, 1200.0, 1000.0, 900.0, 1100.0]
+# --- median and its interval ------------------------------------------------------------------
 
 
-def cell(name: str, values: list[float]) -> CellStats:
-    return stats.summarize(name, values)
-
-
-# --- median ---------------------------------------------------------------------------------
-
-@pytest.mark.parametrize(("values", "expected"), [
-    ([5.0], 5.0),
-    ([3.0, 1.0, 2.0], 2.0),                 # odd: the middle one, order does not matter
-    ([4.0, 1.0, 3.0, 2.0], 2.5),            # even: the mean of the middle two
-    ([10.0, 10.0, 1000.0], 10.0),           # one straggler does not move it
-    ([1, 2], 1.5),                          # ints accepted, float out
-])
-def test_median_of_odd_and_even_counts(values: list[float], expected: float) -> None:
+@pytest.mark.parametrize("values,expected", [([3.0], 3.0), ([1.0, 5.0], 3.0),
+                                             ([9.0, 1.0, 5.0], 5.0)])
+def test_median(values, expected):
     assert stats.median(values) == expected
 
 
-@pytest.mark.parametrize("bad", [[], [1.0, float("nan")], [float("inf")]])
-def test_median_rejects_empty_and_non_finite(bad: list[float]) -> None:
+@pytest.mark.parametrize("bad", [[], [1.0, math.nan], [math.inf]])
+def test_median_refuses_empty_and_non_finite(bad):
     with pytest.raises(ValueError):
         stats.median(bad)
 
 
-# --- bootstrap_ci ---------------------------------------------------------------------------
-
-def test_one_value_gives_a_point_interval() -> None:
-    assert stats.bootstrap_ci([123.0]) == (123.0, 123.0)
-
-
-def test_identical_repeats_give_a_point_interval() -> None:
-    assert stats.bootstrap_ci([7.0, 7.0, 7.0, 7.0]) == (7.0, 7.0)
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_below_six_runs_the_median_interval_is_the_range_and_says_its_confidence(n):
+    iv = stats.median_interval([float(v) for v in range(n)])
+    assert (iv.low, iv.high, iv.attained) == (0.0, n - 1.0, False)
+    assert iv.level == pytest.approx(1 - 2 * 0.5 ** n)  # 50% at 2 runs, 75% at 3
+    assert iv.text().startswith("range ")
 
 
-@pytest.mark.parametrize("values", [TIGHT, WIDE, [1.0, 2.0], [1.0, 2.0, 100.0],
-                                    [5.0, 1.0, 3.0, 2.0, 4.0, 9.0]])
-def test_interval_contains_the_median_and_lies_within_the_range(values: list[float]) -> None:
-    low, high = stats.bootstrap_ci(values)
-    assert min(values) <= low <= stats.median(values) <= high <= max(values)
+def test_six_runs_reach_a_95_percent_interval_of_the_median():
+    iv = stats.median_interval([5.0, 1.0, 4.0, 2.0, 6.0, 3.0])
+    assert (iv.low, iv.high, iv.attained) == (1.0, 6.0, True)
+    assert iv.level == pytest.approx(1 - 2 / 64)
 
 
-def test_interval_is_widened_to_hold_the_median_whatever_the_draw() -> None:
-    # One resample: the raw percentile interval is a single bootstrap median, often not the
-    # sample median; the reported interval must still contain it (and stay within the range).
-    values = [1.0, 2.0, 3.0, 50.0, 100.0]
-    raw_misses = 0
-    for seed in range(20):
-        low, high = stats.bootstrap_ci(values, resamples=1, seed=seed)
-        assert 1.0 <= low <= 3.0 <= high <= 100.0
-        raw_misses += low != high
-    assert raw_misses > 0   # the draw really did land off the median for some seeds
+def test_more_runs_narrow_the_median_interval_to_inner_order_statistics():
+    iv = stats.median_interval([float(v) for v in range(1, 21)])
+    # B(20, 1/2): P(B <= 5) = 0.0207, so k = 6: [x_6, x_15], coverage 1 - 2 * 0.0207
+    assert (iv.low, iv.high) == (6.0, 15.0)
+    assert iv.level == pytest.approx(1 - 2 * sum(math.comb(20, i) for i in range(6)) / 2 ** 20)
 
 
-def test_three_repeats_interval_spans_the_repeats() -> None:
-    # With 3 repeats the bootstrap median is the smallest repeat with probability 7/27 (far
-    # above 2.5%), likewise the largest: the 95% interval is the full range.
-    assert stats.bootstrap_ci([100.0, 101.0, 102.0]) == (100.0, 102.0)
+# --- the exact test ---------------------------------------------------------------------------
 
 
-def test_tight_cell_has_a_narrower_interval_than_a_wide_one() -> None:
-    tight_low, tight_high = stats.bootstrap_ci(TIGHT)
-    wide_low, wide_high = stats.bootstrap_ci(WIDE)
-    assert tight_high - tight_low < wide_high - wide_low
-    assert tight_high - tight_low <= max(TIGHT) - min(TIGHT)
+@pytest.mark.parametrize("n,expected", [(2, 1 / 3), (3, 0.1), (4, 2 / 70), (5, 2 / 252)])
+def test_smallest_exact_p_per_run_count(n, expected):
+    assert stats.min_p(n, n) == pytest.approx(expected)
 
 
-def test_lower_level_gives_a_narrower_or_equal_interval() -> None:
-    values = [float(v) for v in range(1, 12)]
-    low95, high95 = stats.bootstrap_ci(values, level=0.95)
-    low50, high50 = stats.bootstrap_ci(values, level=0.50)
-    assert low95 <= low50 and high50 <= high95
-    assert high50 - low50 < high95 - low95
+def test_exact_p_of_completely_separated_runs_is_the_smallest_possible():
+    assert stats.exact_p([10.0, 11.0, 12.0, 13.0], [1.0, 2.0, 3.0, 4.0]) == pytest.approx(2 / 70)
 
 
-def test_same_seed_same_answer() -> None:
-    values = [float(v) for v in (3, 9, 4, 1, 7, 8)]
-    first = stats.bootstrap_ci(values, seed=42)
-    assert stats.bootstrap_ci(values, seed=42) == first
-    assert stats.bootstrap_ci(list(values), seed=42) == first
-    assert stats.bootstrap_ci(values) == stats.bootstrap_ci(values, seed=0)
+def test_exact_p_handles_ties_by_permutation():
+    p = stats.exact_p([1.0, 2.0, 2.0], [2.0, 3.0, 3.0])
+    assert 0.0 < p <= 1.0
+    assert stats.exact_p([5.0, 5.0], [5.0, 5.0]) == pytest.approx(1.0)
 
 
-def test_different_seeds_draw_different_resamples() -> None:
-    values = [float(v) for v in range(20)]
-    answers = {stats.bootstrap_ci(values, level=0.5, resamples=50, seed=s) for s in range(10)}
-    assert len(answers) > 1
+def test_holm_adjusts_step_down_and_keeps_input_order():
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5]) == [0.5]
+    assert stats.holm([0.4, 0.4, 0.4]) == pytest.approx([1.0, 1.0, 1.0])
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"level": 0.0}, "level"), ({"level": 1.0}, "level"), ({"resamples": 0}, "resamples"),
-])
-def test_bootstrap_rejects_bad_parameters(kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        stats.bootstrap_ci([1.0, 2.0, 3.0], **kwargs)
+def test_needed_repeats_come_from_the_test_and_the_number_of_cells():
+    # two cells: one comparison, 4 vs 4 reaches 0.029; six cells: 5 comparisons, 0.05 / 5
+    # needs 5 vs 5 (0.0079)
+    assert stats.needed_repeats(2) == 4
+    assert stats.needed_repeats(6) == 5
+    assert stats.needed_repeats(20) == 6
 
 
-def test_bootstrap_rejects_empty() -> None:
-    with pytest.raises(ValueError, match="empty"):
-        stats.bootstrap_ci([])
+# --- the effect: Hodges-Lehmann ratio with its exact interval --------------------------------
 
 
-# --- ratio_ci -------------------------------------------------------------------------------
-
-def test_constant_sides_give_the_exact_ratio() -> None:
-    assert stats.ratio_ci([200.0, 200.0, 200.0], [100.0, 100.0, 100.0]) == (2.0, 2.0)
-
-
-def test_ratio_interval_brackets_the_ratio_of_medians() -> None:
-    two_nodes = [1900.0, 2000.0, 2100.0, 1950.0]
-    one_node = [1000.0, 1010.0, 990.0]
-    low, high = stats.ratio_ci(two_nodes, one_node)
-    point = stats.median(two_nodes) / stats.median(one_node)
-    assert low <= point <= high
-    assert min(two_nodes) / max(one_node) <= low and high <= max(two_nodes) / min(one_node)
-    assert low < high
+def test_ratio_effect_is_the_median_run_by_run_ratio_with_the_moses_interval():
+    x = [110.0, 111.0, 112.0, 113.0, 114.0, 115.0, 116.0, 117.0]
+    y = [100.0, 101.0, 102.0, 103.0, 104.0, 105.0, 106.0, 107.0]
+    effect = stats.ratio_effect(x, y)
+    ratios = sorted(a / b for a in x for b in y)
+    assert effect.ratio == pytest.approx(math.exp(stats.median([math.log(r) for r in ratios])))
+    assert effect.interval.attained and effect.interval.level >= 0.95
+    assert ratios[0] < effect.interval.low <= effect.ratio <= effect.interval.high < ratios[-1]
 
 
-def test_ratio_resamples_each_side_when_only_one_varies() -> None:
-    low, high = stats.ratio_ci([150.0, 200.0, 250.0], [100.0])
-    assert (low, high) == (1.5, 2.5)
+def test_two_runs_a_side_give_the_range_of_ratios_at_its_own_confidence():
+    effect = stats.ratio_effect([100.0, 101.0], [98.0, 99.0])
+    iv = effect.interval
+    assert not iv.attained and iv.level == pytest.approx(1 - 2 / 6)
+    assert (iv.low, iv.high) == (pytest.approx(100 / 99), pytest.approx(101 / 98))
 
 
-def test_ratio_is_deterministic() -> None:
-    num, den = [5.0, 6.0, 7.0, 9.0], [2.0, 3.0, 2.5]
-    assert stats.ratio_ci(num, den, seed=3) == stats.ratio_ci(num, den, seed=3)
+def test_ratio_effect_is_symmetric_on_logs():
+    x, y = [120.0, 125.0, 123.0], [100.0, 98.0, 104.0]
+    assert stats.ratio_effect(x, y).ratio == pytest.approx(1 / stats.ratio_effect(y, x).ratio)
 
 
-@pytest.mark.parametrize(("num", "den"), [([], [1.0]), ([1.0], []), ([1.0], [0.0, 1.0]),
-                                          ([1.0], [-2.0])])
-def test_ratio_rejects_empty_and_non_positive_denominators(num: list[float],
-                                                           den: list[float]) -> None:
-    with pytest.raises(ValueError):
-        stats.ratio_ci(num, den)
-
-
-# --- summarize ------------------------------------------------------------------------------
-
-def test_summarize_fills_every_field() -> None:
-    got = stats.summarize("horovod", [102.0, 100.0, 101.0])
-    assert got == CellStats(name="horovod", repeats=3, median=101.0, low=100.0, high=102.0,
-                            minimum=100.0, maximum=102.0)
-
-
-def test_cell_stats_is_frozen() -> None:
-    got = cell("ddp", [1.0, 2.0])
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        got.median = 3.0  # type: ignore[misc]
-
-
-def test_summarize_rejects_empty_with_the_cell_name() -> None:
-    with pytest.raises(ValueError, match="ddp"):
-        stats.summarize("ddp", [])
-
-
-# --- ties -----------------------------------------------------------------------------------
-
-def test_overlapping_cells_tie_and_separated_cells_do_not() -> None:
-    a = cell("a", [100.0, 101.0, 102.0])
-    b = cell("b", [100.5, 101.5, 102.5])
-    c = cell("c", [150.0, 151.0, 152.0])
-    assert stats.ties([c, b, a]) == {"a": ["b"], "b": ["a"], "c": []}
-    assert list(stats.ties([c, b, a])) == ["a", "b", "c"]
-
-
-def test_touching_endpoints_count_as_a_tie() -> None:
-    left = CellStats("left", 3, 1.5, 1.0, 2.0, 1.0, 2.0)
-    right = CellStats("right", 3, 2.5, 2.0, 3.0, 2.0, 3.0)
-    apart = CellStats("apart", 3, 3.5, 3.0 + 1e-9, 4.0, 3.0 + 1e-9, 4.0)
-    assert stats.ties([left, right, apart]) == {"apart": [], "left": ["right"],
-                                                "right": ["left"]}
-
-
-def test_tie_lists_are_sorted_by_name() -> None:
-    cells = [cell(name, [10.0, 11.0, 12.0]) for name in ("zeta", "alpha", "mid")]
-    assert stats.ties(cells)["mid"] == ["alpha", "zeta"]
-    assert stats.ties(cells)["zeta"] == ["alpha", "mid"]
-
-
-def test_ties_of_nothing_is_empty_and_duplicates_are_refused() -> None:
-    assert stats.ties([]) == {}
-    with pytest.raises(ValueError, match="duplicate"):
-        stats.ties([cell("x", [1.0]), cell("x", [2.0])])
-
-
-# --- verdict --------------------------------------------------------------------------------
-
-def test_decisive_verdict() -> None:
-    slow = cell("distributed-ps", [1000.0, 1005.0, 995.0])
-    fast = cell("horovod", [1041.0, 1046.0, 1036.0])
-    got = stats.verdict([slow, fast], nodes=2)
-    assert (got.fastest, got.runner_up, got.decisive) == ("horovod", "distributed-ps", True)
-    assert got.margin == pytest.approx(1041.0 / 1000.0 - 1)
-    assert got.text == ("horovod is fastest on 2 nodes, 4.1% ahead of distributed-ps; "
-                        "the margin exceeds the spread")
-
-
-def test_tie_verdict() -> None:
-    a = cell("ddp", [100.0, 101.0, 102.0])
-    b = cell("horovod", [100.5, 101.5, 102.5])
-    got = stats.verdict([a, b], nodes=1)
-    assert (got.fastest, got.runner_up, got.decisive) == ("horovod", "ddp", False)
-    assert got.margin == pytest.approx(101.5 / 101.0 - 1)
-    assert got.text.startswith("horovod is fastest on 1 node, 0.5% ahead of ddp")
-    assert got.text.endswith("within the spread: a tie")
-
-
-def test_verdict_compares_only_against_the_runner_up() -> None:
-    cells = [cell("first", [200.0, 201.0, 202.0]), cell("second", [201.5, 202.5, 203.5]),
-             cell("last", [10.0, 11.0, 12.0])]
-    got = stats.verdict(cells, nodes=4)
-    assert (got.fastest, got.runner_up, got.decisive) == ("second", "first", False)
-
-
-def test_single_cell_verdict() -> None:
-    got = stats.verdict([cell("ddp", [5.0, 6.0])], nodes=8)
-    assert (got.fastest, got.runner_up, got.margin, got.decisive) == ("ddp", None, 0.0, False)
-    assert "ddp" in got.text and "8 nodes" in got.text
-
-
-def test_equal_medians_are_ordered_by_name() -> None:
-    cells = [cell("b", [10.0, 10.0]), cell("a", [10.0, 10.0])]
-    for order in (cells, cells[::-1]):
-        got = stats.verdict(order, nodes=2)
-        assert (got.fastest, got.runner_up, got.margin) == ("a", "b", 0.0)
-        assert not got.decisive   # equal endpoints overlap: a tie
-
-
-@pytest.mark.parametrize(("cells", "nodes"), [([], 2), ([CellStats("a", 1, 1, 1, 1, 1, 1)], 0)])
-def test_verdict_rejects_empty_and_bad_node_counts(cells: list[CellStats], nodes: int) -> None:
-    with pytest.raises(ValueError):
-        stats.verdict(cells, nodes)
-
-
-def test_verdict_rejects_a_non_positive_runner_up() -> None:
-    cells = [CellStats("a", 1, 5.0, 5.0, 5.0, 5.0, 5.0), CellStats("b", 1, 0.0, 0, 0, 0, 0)]
+def test_ratio_effect_refuses_non_positive_throughput():
     with pytest.raises(ValueError, match="positive"):
-        stats.verdict(cells, nodes=1)
+        stats.ratio_effect([1.0, 0.0], [1.0, 2.0])
 
 
-# --- properties -----------------------------------------------------------------------------
-
-repeats = st.lists(st.floats(min_value=1e-3, max_value=1e9, allow_nan=False,
-                             allow_infinity=False), min_size=1, max_size=8)
-PROPERTY = settings(max_examples=50, deadline=None, derandomize=True)
+# --- the verdict ------------------------------------------------------------------------------
 
 
-@PROPERTY
-@given(repeats, st.floats(min_value=0.05, max_value=0.99), st.integers(0, 2**32))
-def test_interval_always_within_range_and_around_the_median(values: list[float],
-                                                            level: float, seed: int) -> None:
-    low, high = stats.bootstrap_ci(values, level=level, resamples=200, seed=seed)
-    assert min(values) <= low <= stats.median(values) <= high <= max(values)
-    assert stats.bootstrap_ci(values, level=level, resamples=200, seed=seed) == (low, high)
+@pytest.mark.parametrize("n", range(2, 11))
+def test_identical_cells_give_no_winner_at_any_n(n):
+    rng = random.Random(n)
+    for _ in range(40):
+        cells = {name: [rng.gauss(1000.0, 30.0) for _ in range(n)] for name in "abcd"}
+        assert stats.decide(cells, nodes=1).outcome != "faster"
 
 
-@PROPERTY
-@given(repeats, repeats, st.integers(0, 2**32))
-def test_ratio_interval_always_within_the_corner_ratios(num: list[float], den: list[float],
-                                                        seed: int) -> None:
-    low, high = stats.ratio_ci(num, den, resamples=200, seed=seed)
-    point = stats.median(num) / stats.median(den)
-    assert min(num) / max(den) <= low <= point <= high <= max(num) / min(den)
+def test_the_abc_case_is_not_decisive_over_c():
+    v = stats.decide({"A": [100.0, 101.0], "B": [98.0, 99.0], "C": [90.0, 100.5]}, nodes=1)
+    assert v.fastest == "A" and v.outcome == "too few repeats"
+    assert "5 needed" in v.text and all(c.outcome != "faster" for c in v.comparisons)
+
+
+def test_a_ten_percent_difference_at_eight_quiet_runs_is_called_with_its_p_value():
+    rng = random.Random(7)
+    fast = [1100.0 * (1 + rng.gauss(0, 0.005)) for _ in range(8)]
+    slow = [1000.0 * (1 + rng.gauss(0, 0.005)) for _ in range(8)]
+    v = stats.decide({"ddp": fast, "horovod": slow}, nodes=2)
+    assert (v.fastest, v.outcome) == ("ddp", "faster")
+    (c,) = v.comparisons
+    assert c.p == pytest.approx(2 / math.comb(16, 8))  # completely separated, 8 vs 8
+    assert c.effect.ratio == pytest.approx(1.1, rel=0.02)
+    assert "ddp is fastest on 2 nodes" in v.text and "p=" in v.text
+
+
+def test_quiet_runs_within_the_band_are_equivalent():
+    rng = random.Random(3)
+    a = [1000.0 * (1 + rng.gauss(0, 0.002)) for _ in range(6)]
+    b = [1003.0 * (1 + rng.gauss(0, 0.002)) for _ in range(6)]
+    v = stats.decide({"single-gpu 1n": a, "distributed-ps 1n": b}, nodes=1)
+    assert v.outcome == "equivalent" and "equivalent on 1 node" in v.text
+    # the same data with no band cannot be equivalent
+    assert stats.decide({"a": a, "b": b}, nodes=1, equivalent_within=0.0).outcome != \
+        "equivalent"
+
+
+def test_the_winner_is_tested_against_every_cell_with_holm():
+    fast = [120.0, 121.0, 122.0, 123.0, 124.0]
+    v = stats.decide({"a": fast, "b": [100.0, 101.0, 102.0, 103.0, 104.0],
+                      "c": [50.0, 51.0, 52.0, 53.0, 54.0]}, nodes=1)
+    assert [c.other for c in v.comparisons] == ["b", "c"]
+    assert all(c.p_holm == pytest.approx(2 * 2 / 252) for c in v.comparisons)
+    assert v.outcome == "faster" and "Holm over 2" in v.text
+
+
+def test_a_cell_that_fails_loss_parity_cannot_win_and_is_named():
+    v = stats.decide({"bf16": [200.0, 201.0, 202.0, 203.0, 204.0],
+                      "fp32": [100.0, 101.0, 102.0, 103.0, 104.0]}, nodes=1,
+                     excluded={"bf16": "its loss drifts 5.0%"})
+    assert v.fastest == "fp32" and v.outcome != "faster"
+    assert "bf16 may not win: its loss drifts 5.0%" in v.text
+
+
+def test_unsettled_runs_are_named_in_the_verdict():
+    v = stats.decide({"a": [1.0, 2.0], "b": [1.5, 2.5]}, nodes=1,
+                     unsettled={"a": "repeat-2 (step times vary 14%)"})
+    assert "unsettled runs in a: repeat-2 (step times vary 14%)" in v.text
+
+
+def test_one_cell_is_alone_and_bad_input_is_refused():
+    assert stats.decide({"ddp": [5.0, 6.0]}, nodes=8).outcome == "alone"
+    with pytest.raises(ValueError):
+        stats.decide({}, nodes=1)
+    with pytest.raises(ValueError):
+        stats.decide({"a": [1.0]}, nodes=0)
+    with pytest.raises(ValueError):
+        stats.decide({"a": [1.0]}, nodes=1, equivalent_within=1.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(1.0, 1e6), min_size=2, max_size=7),
+       st.lists(st.floats(1.0, 1e6), min_size=2, max_size=7))
+def test_properties_of_effect_and_verdict(x, y):
+    effect = stats.ratio_effect(x, y)
+    iv = effect.interval
+    assert iv.low * (1 - 1e-9) <= effect.ratio <= iv.high * (1 + 1e-9)
+    assert min(x) / max(y) * (1 - 1e-9) <= iv.low and iv.high <= max(x) / min(y) * (1 + 1e-9)
+    forward = stats.decide({"x": x, "y": y}, nodes=1)
+    backward = stats.decide({"y": y, "x": x}, nodes=1)
+    assert (forward.fastest, forward.outcome) == (backward.fastest, backward.outcome)
+
+
+# --- steady state -----------------------------------------------------------------------------
+
+
+def test_steadiness_of_a_quiet_run_and_of_a_drifting_one():
+    cv, drift = stats.steadiness([0.1] * 10)
+    assert cv == pytest.approx(0.0) and drift == pytest.approx(0.0)
+    assert stats.unsettled_reason(cv, drift) is None
+    cv, drift = stats.steadiness([0.1] * 5 + [0.12] * 5)
+    assert drift == pytest.approx(0.2)
+    assert "second half +20% vs first" in stats.unsettled_reason(cv, drift)
+    assert stats.steadiness([0.1, 0.2]) == (None, None)
