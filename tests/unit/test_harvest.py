@@ -610,3 +610,59 @@ def test_the_network_baseline_is_shown_and_explains_each_cell(tmp_path):
     data = json.loads(harvest.render(result, "json"))
     assert data["baseline"][0]["busbw_GBps"] == 0.02
     assert data["cells"][0]["allreduce_share_of_step"] == pytest.approx(0.1 / step)
+
+
+# --------------------------------------------------------------------------- populations (issue 18)
+
+
+def test_campaigns_old_campaigns_and_separate_jobs_are_shown_apart_never_pooled(tmp_path):
+    tokens = {("single-gpu", 1): [1000.0, 1001.0], ("distributed-ps", 1): [1500.0, 1501.0]}
+    now = _campaign(tmp_path, tokens)
+    old = _campaign(tmp_path, {("single-gpu", 1): [500.0, 501.0]},
+                    name="compare.old-20261201-120000", record={"exclusive": False})
+    simple_run(tmp_path / "single-gpu-1n", "single-gpu", 1, 1, 300.0)  # hpcdp submit
+    result = harvest.collect([tmp_path], query_slurm=False)
+    sources = {c.name: set() for c in result.cells}
+    for c in result.cells:
+        sources[c.name].add(c.source)
+        assert len({r.source for r in c.runs}) == 1  # one population per cell
+    assert sources["single-gpu 1n"] == {str(now), str(old), ""}
+    pooled = {c.source: len(c.runs) for c in result.cells if c.name == "single-gpu 1n"}
+    assert pooled == {str(now): 2, str(old): 2, "": 1}
+    text = harvest.render(result, "table")
+    assert "3 sources here, each shown and judged on its own" in text
+    assert f"Source: campaign {old} (nodes NOT exclusive" in text
+    assert "Source: separate jobs (hpcdp submit, sbatch)" in text
+    # the per-run speed-up of the campaign's DDP is against its own campaign's single-gpu
+    runs = {r.run_dir: r for r in result.runs}
+    ddp = runs[str(now / "distributed-ps-1n" / "repeat-1")]
+    assert ddp.speedup == pytest.approx(1500.0 / 1000.0)
+    assert ddp.baseline.endswith("single-gpu-1n/repeat-1") and "old" not in ddp.baseline
+
+
+def test_cells_that_differ_in_allocator_get_no_verdict_across_them(tmp_path):
+    root = _campaign(tmp_path, {("distributed-ps", 2): [2000.0, 2010.0, 2005.0, 2015.0, 1995.0]},
+                     malloc="tcmalloc")
+    for k, tps in enumerate([1500.0, 1490.0, 1510.0, 1495.0, 1505.0], start=1):
+        simple_run(root / "horovod-2n" / f"repeat-{k}", "horovod", 2, 2, tps, malloc="system")
+    result = harvest.collect([root], query_slurm=False)
+    outcomes = [v["outcome"] for v in result.verdicts]
+    assert outcomes.count("refused") == 1 and "faster" not in outcomes
+    refusal = next(v for v in result.verdicts if v["outcome"] == "refused")
+    assert "different conditions" in refusal["text"]
+    assert "malloc tcmalloc" in refusal["text"] and "malloc system" in refusal["text"]
+    # each allocator's cell stands alone: no verdict compares them
+    assert sorted(v["outcome"] for v in result.verdicts) == ["alone", "alone", "refused"]
+
+
+def test_a_cell_whose_loss_drifted_cannot_win(tmp_path):
+    root = _campaign(tmp_path, {("distributed-ps", 2): [1000.0, 1001.0, 1002.0, 1003.0]},
+                     communication="gloo", global_batch=16)
+    for k, tps in enumerate([2000.0, 2001.0, 2002.0, 2003.0], start=1):
+        simple_run(root / "horovod-2n" / f"repeat-{k}", "horovod", 2, 2, tps,
+                   communication="horovod-mpi", global_batch=16, grad_comm="fp16",
+                   losses=(4.0, 3.5, 3.0, 2.7, 2.2))
+    result = harvest.collect([root], query_slurm=False)
+    (v,) = result.verdicts
+    assert v["fastest"] == "distributed-ps 2n" and v["outcome"] != "faster"
+    assert "horovod 2n may not win: its loss drifts 10.0%" in v["text"]
