@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -58,10 +59,10 @@ def measured_cv(folder: Path) -> float:
             cvs.append(sd / mean)
     if not cvs:
         raise SystemExit(f"verdict_calibration: no cell with 3+ runs under {folder}")
-    cvs.sort()
-    print(f"measured: per-cell CV of per-run tokens/s in {folder}: median {cvs[len(cvs) // 2]:.2%}"
-          f", range {cvs[0]:.2%}-{cvs[-1]:.2%} over {len(cvs)} cells")
-    return cvs[len(cvs) // 2]
+    middle = statistics.median(cvs)
+    print(f"measured: per-cell CV of per-run tokens/s in {folder}: median {middle:.2%}, range "
+          f"{min(cvs):.2%}-{max(cvs):.2%} over {len(cvs)} cells")
+    return middle
 
 
 def draw(rng: random.Random, model: str, cv: float) -> float:

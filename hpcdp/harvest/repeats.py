@@ -181,12 +181,17 @@ def _run_name(r: RunResult) -> str:
 
 
 def _unsettled(runs: list[RunResult]) -> list[str]:
-    out = []
-    for r in runs:
+    out = []  # the most variable first
+    for r in sorted(runs, key=lambda r: -(r.step_cv or 0.0)):
         why = stats.unsettled_reason(r.step_cv, r.step_drift)
         if why:
             out.append(f"{_run_name(r)} ({why})")
     return out
+
+
+def _unsettled_summary(cell: Cell) -> str:
+    """'4 of 6 runs, e.g. repeat-2 (step times vary 27%)': the verdict line stays one line."""
+    return f"{len(cell.unsettled)} of {len(cell.runs)} runs, e.g. {cell.unsettled[0]}"
 
 
 def _loss_failure(runs: list[RunResult]) -> str | None:
@@ -275,7 +280,7 @@ def verdicts(cells: list[Cell]) -> list[dict]:
             v = stats.decide({c.name: c.values() for c in group}, nodes or 1,
                              equivalent_within=band,
                              excluded={c.name: c.loss_failure for c in group if c.loss_failure},
-                             unsettled={c.name: ", ".join(c.unsettled) for c in group
+                             unsettled={c.name: _unsettled_summary(c) for c in group
                                         if c.unsettled})
             _mark(group, v)
             out.append({**base, "outcome": v.outcome, "fastest": v.fastest,
