@@ -439,6 +439,7 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None]) -> dict
             log(f"train: {stop.name} received: stopped after step {step} with a checkpoint; "
                 "run again with --resume to continue")
             break
+    throughput.loop_done()
     stop.restore()
     watchdog.stop()
     if step == t.start_step:
@@ -460,21 +461,37 @@ class Throughput:
         self.times: list[float] = []
         self.peak = t.peak_flops_per_device
         self.devices = t.strategy.world_size * t.strategy.devices_per_process
+        self.first_step_start: float | None = None
+        self.loop_end: float | None = None
+        self.comm: dict[str, float] | None = None
 
     def step_done(self, seconds: float) -> None:
+        """After each step's synchronize (every step, logged or not: the strategy's timing of
+        the step's all-reduce is read and reset here)."""
+        if self.first_step_start is None:
+            self.first_step_start = time.perf_counter() - seconds
         self.times.append(seconds)
+        self.comm = self.t.strategy.comm_breakdown()
+
+    def loop_done(self) -> None:
+        """The end of the segment's last loop iteration: its logging, evaluation, checkpoint and
+        stop check done (tokens per elapsed second include them)."""
+        self.loop_end = time.perf_counter()
 
     def record(self, step: int, result: StepResult, lr: float, loss: float,
                phases: dict[str, float]) -> str:
         """Write the step record; returns the human line."""
-        t, dt, device = self.t, self.times[-1], self.t.strategy.device
-        ddp = t.strategy.comm_breakdown()
+        t, dt, device, comm = self.t, self.times[-1], self.t.strategy.device, self.comm
         tokens_per_s = t.tokens_per_step / dt
         self.metrics.write(
             "step", step=step, loss=loss, lr=lr, grad_norm=result.grad_norm.item(),
             loss_scale=t.precision.loss_scale(), skipped=result.skipped, phases_s=phases,
-            ddp_comm_s=ddp, exposed_comm_s=phases["sync"] + (ddp["exposed"] if ddp else 0.0),
-            allreduce_s=ddp["allreduce"] if ddp else None, step_time_s=dt,
+            ddp_comm_s=({k: comm[k] for k in ("allreduce", "exposed", "window")}
+                        if comm else None),
+            exposed_comm_s=t.strategy.exposed_comm(phases, comm),
+            allreduce_s=comm["allreduce"] if comm else None,
+            allreduce_bytes=comm["bytes"] if comm else None,
+            allreduce_calls=comm["calls"] if comm else None, step_time_s=dt,
             tokens_per_s=tokens_per_s, tokens_seen=step * t.tokens_per_step,
             elapsed_s=time.perf_counter() - self.start,
             max_mem_gb=(torch.cuda.max_memory_allocated(device) / 1e9
@@ -488,9 +505,15 @@ class Throughput:
     def summary(self) -> dict[str, Any]:
         timed = self.times[self.t.exp.train.warmup_log_steps:] or self.times
         median = statistics.median(timed) if timed else None
+        tokens = len(self.times) * self.t.tokens_per_step
+        wall = None
+        if self.first_step_start is not None:
+            wall = (self.loop_end or time.perf_counter()) - self.first_step_start
         return {"elapsed_s": time.perf_counter() - self.start,
                 "tokens_per_s_median": self.t.tokens_per_step / median if median else None,
-                "step_time_s_median": median}
+                "step_time_s_median": median, "tokens_trained": tokens,
+                "train_elapsed_s": wall,
+                "tokens_per_elapsed_s": tokens / wall if wall else None}
 
 
 def replica_check(model: torch.nn.Module, strategy: Strategy,

@@ -8,7 +8,7 @@ micro-steps of a step:
     data       next batch and its copy to the device
     forward    forward and loss
     backward   backward; for DDP this includes the gradient all-reduce that backward could
-               not hide (DDP's own split of it is in the step record's `ddp`)
+               not hide (timed bucket by bucket in the step record's `ddp_comm_s`)
     sync       explicit gradient synchronisation after backward (Horovod's synchronize):
                communication no computation hides
     optimizer  unscaling, clipping, the optimizer step, zeroing the gradients

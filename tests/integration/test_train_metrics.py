@@ -90,6 +90,8 @@ def test_records_hold_what_the_run_did(run: tuple[Path, str]) -> None:
     assert all(s["mfu"] is None and s["max_mem_gb"] is None for s in steps)
     assert all(s["loss_scale"] is None and s["skipped"] is False for s in steps)
     assert all(s["tokens_seen"] == s["step"] * 512 for s in steps)
+    # One process communicates nothing: a true 0 (DataParallel's unmeasured one is null).
+    assert all(s["exposed_comm_s"] == 0.0 and s["allreduce_s"] is None for s in steps)
     for s in steps:
         assert s["tokens_per_s"] == pytest.approx(512 / s["step_time_s"])
     # Linear warm-up: step k of the first 4 uses k/4 of 1e-3; then linear decay from 1e-3 at
@@ -107,6 +109,9 @@ def test_records_hold_what_the_run_did(run: tuple[Path, str]) -> None:
     assert summary["status"] == "completed" and summary["steps"] == STEPS
     assert summary["final_loss"] == steps[-1]["loss"]
     assert summary["final_val_loss"] == by_kind["eval"][-1]["val_loss"]
+    # Per elapsed second: warm-up, evaluations and checkpoints in; per step-second: not.
+    assert summary["tokens_trained"] == STEPS * 512
+    assert summary["tokens_per_elapsed_s"] < summary["tokens_per_s_median"]
     assert summary["replicas_identical"] is True and len(summary["params_sha256"]) == 64
 
 

@@ -69,8 +69,20 @@ class Strategy:
         baseline, train/allreduce.py). One process: nothing to do."""
 
     def comm_breakdown(self) -> dict[str, float] | None:
-        """The wrapper's own measure of its backward communication, where it keeps one."""
+        """This step's gradient all-reduce as the strategy times it, where it does (DDP):
+        `allreduce`, `exposed`, `window` (seconds), `bytes`, `calls`. Called once per step,
+        after the step synchronised; it forgets what it returned."""
         return None
+
+    def exposed_comm(self, phases: dict[str, float], comm: dict[str, float] | None
+                     ) -> float | None:
+        """Seconds of this step's gradient communication no computation hid; None where it is
+        not measured. Default: one process communicates nothing, a true zero."""
+        return 0.0
+
+    def all_reduce_max_(self, tensor: torch.Tensor) -> None:
+        """The element-wise maximum over ranks, in place (the probe takes each iteration's
+        time as the slowest rank's). One process: nothing to do."""
 
     def prepare_unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Called after the last backward of a step, before unscaling and clipping."""

@@ -7,8 +7,11 @@ is why its DDP could not span nodes.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+import threading
+import time
 import weakref
 from datetime import timedelta
 
@@ -20,24 +23,93 @@ from hpcdp import distenv
 from train.strategies import Strategy, device_for
 
 
-def _compress_hook(dtype: torch.dtype):
-    """A DDP communication hook that all-reduces each gradient bucket in `dtype` and writes the
-    average back: torch's fp16/bf16_compress_hook, which refuse bf16 without CUDA and NCCL, while
-    gloo reduces bf16 on CPUs too."""
+class BucketTimes:
+    """Every gradient bucket's all-reduce in the current step, from hpcdp's own comm hook: when
+    DDP handed it to the backend (its gradients were ready), when it completed, and its bytes.
+
+    DDP's reducer keeps its own timing, but samples iterations 1-10 and then every 100th, and
+    reports an iteration only at the next forward: a 30-step run would log the warm-up's average
+    (bucket rebuild included) on every step. CPU: perf_counter, the completion read in the
+    future's callback on the backend's thread. CUDA: events, the completion recorded in the
+    callback, which runs on streams that wait for the collective; read after the loop's
+    synchronize."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._lock = threading.Lock()
+        self._launched: list = []
+        self._done: dict[int, object] = {}
+        self._bytes: list[int] = []
+
+    def _now(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def launch(self, nbytes: int) -> int:
+        with self._lock:
+            self._launched.append(self._now())
+            self._bytes.append(nbytes)
+            return len(self._launched) - 1
+
+    def done(self, index: int) -> None:
+        mark = self._now()
+        with self._lock:
+            self._done[index] = mark
+
+    def read(self) -> dict[str, float] | None:
+        """This step's buckets (and forget them): `allreduce` = time with at least one bucket
+        in flight (queued buckets are not counted twice), `exposed` = from the last bucket's
+        launch (backward's last gradient) to the last completion: what backward did not hide,
+        `window` = first launch to last completion, `bytes` and `calls`. None: no bucket."""
+        with self._lock:
+            launched, done, nbytes = self._launched, self._done, self._bytes
+            self._launched, self._done, self._bytes = [], {}, []
+        spans = [(launched[i], done[i]) for i in range(len(launched)) if i in done]
+        if not spans:
+            return None
+        if self.cuda:  # seconds since the first launch
+            first = spans[0][0]
+            spans = [(first.elapsed_time(a) / 1e3, first.elapsed_time(b) / 1e3)
+                     for a, b in spans]
+        busy, reach = 0.0, -math.inf
+        for start, end in sorted(spans):
+            if end > reach:
+                busy += end - max(start, reach)
+                reach = end
+        last_launch = max(start for start, _ in spans)
+        return {"allreduce": busy, "exposed": max(0.0, reach - last_launch),
+                "window": reach - min(start for start, _ in spans),
+                "bytes": sum(nbytes), "calls": len(spans)}
+
+
+def timed_hook(times: BucketTimes, dtype: torch.dtype | None = None):
+    """A DDP communication hook that all-reduces each bucket (cast to `dtype` first, where
+    given: torch's fp16/bf16_compress_hook refuse bf16 without CUDA and NCCL, while gloo reduces
+    bf16 on CPUs too), writes the average back, and times it in `times`."""
     def hook(group, bucket):
         group = group or dist.group.WORLD
         buffer = bucket.buffer()
-        compressed = buffer.to(dtype).div_(dist.get_world_size(group))
-        future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+        world = dist.get_world_size(group)
+        # fp32: scaled by 1/world as DDP's built-in all-reduce scales gradients into the bucket
+        # (the same products, so the same sums); compressed: divided after the cast, as
+        # torch's compress hooks do.
+        sent = buffer.mul_(1.0 / world) if dtype is None else buffer.to(dtype).div_(world)
+        mark = times.launch(sent.numel() * sent.element_size())
+        future = dist.all_reduce(sent, group=group, async_op=True).get_future()
 
-        def decompress(fut):
-            buffer.copy_(fut.value()[0])
+        def finish(fut):
+            times.done(mark)
+            if sent is not buffer:
+                buffer.copy_(fut.value()[0])
             return buffer
-        return future.then(decompress)
+        return future.then(finish)
     return hook
 
 
-COMPRESS_HOOKS = {"bf16": _compress_hook(torch.bfloat16), "fp16": _compress_hook(torch.float16)}
+COMPRESS_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class DDPStrategy(Strategy):
@@ -73,26 +145,24 @@ class DDPStrategy(Strategy):
         # Construction broadcasts rank 0's parameters and buffers to every rank.
         ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=ids)
-        if self.grad_comm in COMPRESS_HOOKS:  # each bucket cast before all-reduce, back after
-            ddp.register_comm_hook(None, COMPRESS_HOOKS[self.grad_comm])
+        # Every bucket timed, every step; compressed: each bucket cast before, back after.
+        self._times = BucketTimes(self.device)
+        ddp.register_comm_hook(None, timed_hook(self._times, COMPRESS_DTYPES.get(self.grad_comm)))
         # A weak reference: the wrapped model must be freed with the loop's frame, before
         # teardown destroys the process group (freed after it, DDP's destructor can hang).
         self._ddp = weakref.ref(ddp)
         return ddp, optimizer
 
     def comm_breakdown(self):
-        """DDP's own timing of backward (sampled by its reducer at iterations 10, 20, ... and
-        then every 100; CUDA events on GPUs): compute, all-reduce, their overlap, and the
-        all-reduce time backward did not hide. None until DDP has sampled an iteration."""
-        ddp = self._ddp() if getattr(self, "_ddp", None) else None
-        data = ddp._get_ddp_logging_data() if ddp is not None else {}
-        names = ("avg_backward_compute_time", "avg_backward_comm_time",
-                 "avg_backward_compute_comm_overlap_time")
-        if not all(isinstance(data.get(n), int) and data.get(n) > 0 for n in names[:2]):
-            return None
-        compute, comm, overlap = (data.get(n, 0) / 1e9 for n in names)
-        return {"backward_compute": compute, "allreduce": comm, "overlap": overlap,
-                "exposed": max(0.0, comm - overlap)}
+        """This step's gradient all-reduce, bucket by bucket (BucketTimes.read); None with one
+        rank (no wrapper, nothing sent)."""
+        times = getattr(self, "_times", None)
+        return times.read() if times is not None else None
+
+    def exposed_comm(self, phases, comm):
+        if self.world_size == 1:
+            return 0.0  # gradients stay local: no communication, a true zero
+        return comm["exposed"] if comm else None
 
     def no_sync(self, model):
         return model.no_sync() if self.world_size > 1 else super().no_sync(model)
@@ -104,6 +174,9 @@ class DDPStrategy(Strategy):
 
     def all_reduce_(self, tensor):
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+
+    def all_reduce_max_(self, tensor):
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
 
     def broadcast_object(self, obj, name: str):
         box = [obj]

@@ -98,6 +98,14 @@ class HorovodStrategy(Strategy):
         if self.hvd is not None:
             self.hvd.allreduce_(tensor, op=self.hvd.Sum, name="allreduce_baseline")
 
+    def all_reduce_max_(self, tensor):
+        if self.hvd is not None:
+            self.hvd.allreduce_(tensor, op=self.hvd.Max, name="allreduce_max")
+
+    def exposed_comm(self, phases, comm):
+        # synchronize() after backward waits for every all-reduce backward did not hide.
+        return phases["sync"] if self.hvd is not None else 0.0
+
     def prepare_unscale(self, optimizer) -> None:
         if self.hvd is not None:
             optimizer.synchronize()
