@@ -185,7 +185,15 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
         job, run_dir = r.job_id, Path(r.run_dir)
         r.source = source_of(run_dir)
         info = infos.get(job) if job else None
-        if info is not None and info.source != "none":
+        if r.source:
+            # A campaign's cell: its job is the campaign's, whose state, exit code and restart
+            # count are every cell's at once. The run's own log and segments tell its own.
+            r.state = state_from_log(r, log, now)
+            if r.state == "RUNNING-by-log" and info is not None and slurm.is_terminal(info.state):
+                r.state = "INCOMPLETE"
+            r.restarts = r.segments - 1 if r.segments else 0
+            info = None
+        elif info is not None and info.source != "none":
             r.state, r.state_source, r.exit_code = info.state, info.source, info.exit_code
             r.restarts = max(r.restarts, info.restarts or 0)
             r.max_rss = info.max_rss

@@ -13,6 +13,7 @@ import argparse
 import csv
 import io
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 
 from hpcdp import harvest
 from hpcdp.errors import UsageError
-from hpcdp.harvest import read
+from hpcdp.harvest import read, repeats
 
 T0 = 1_800_000_000.0  # record times: a fixed epoch, far from "now" unless a test says so
 
@@ -584,32 +585,164 @@ def test_a_loss_that_drifts_from_the_fp32_reference_is_flagged(tmp_path):
                for n in runs["broken"].notes)
 
 
-def test_the_network_baseline_is_shown_and_explains_each_cell(tmp_path):
-    root = _campaign(tmp_path, {("distributed-ps", 2): [1800.0, 1820.0]})
-    for metrics in root.glob("distributed-ps-2n/repeat-*/metrics.jsonl"):
+def _probe(folder: Path, busbw: dict[int, float], *, world: int = 2,
+           communication: str | None = "gloo", gradient: int = 2_000_000) -> None:
+    """HAND-WRITTEN allreduce.json (train/allreduce.py): busbw per message size, the gradient's
+    size at the top level (world 2: algbw = busbw)."""
+    sweep = [{"what": "gradient" if n == gradient else "", "bytes": n, "elements": n // 4,
+              "iterations": 20, "times_s": [n / bw / 1e9] * 20, "median_s": n / bw / 1e9,
+              "algbw_GBps": bw * world / (2 * (world - 1)), "busbw_GBps": bw}
+             for n, bw in sorted(busbw.items())]
+    top = next(e for e in sweep if e["what"] == "gradient")
+    folder.mkdir(parents=True)
+    (folder / "allreduce.json").write_text(json.dumps({
+        "strategy": "distributed-ps", "communication": communication, "nodes": 2,
+        "world_size": world, **{k: v for k, v in top.items() if k != "what"},
+        "warmup": 5, "sweep": sweep}))
+
+
+def _with_comm(root: Path, pattern: str, **fields) -> None:
+    """Set step fields (allreduce_s, exposed_comm_s, ...) in every run matching `pattern`."""
+    for metrics in root.glob(pattern):
         recs = [json.loads(line) for line in metrics.read_text().splitlines()]
-        for r in recs:  # DDP's own all-reduce time in training: twice the baseline's
-            if r["kind"] == "step":
-                r["allreduce_s"] = 0.2
-        write_run(metrics.parent, recs)
-    probe = root / "baseline" / "distributed-ps-2n"
-    probe.mkdir(parents=True)
-    (probe / "allreduce.json").write_text(json.dumps({
-        "strategy": "distributed-ps", "communication": None, "nodes": 2, "world_size": 2,
-        "bytes": 2_000_000, "median_s": 0.1, "algbw_GBps": 0.02, "busbw_GBps": 0.02}))
+        write_run(metrics.parent, [{**r, **fields} if r["kind"] == "step" else r for r in recs])
+
+
+def test_the_network_baseline_is_shown_and_explains_each_cell(tmp_path):
+    root = _campaign(tmp_path, {("distributed-ps", 2): [1800.0, 1820.0]}, communication="gloo")
+    # Training all-reduced 2 MB per step in 2 buckets (1 MB each) in 0.2 s: busbw 0.01 GB/s.
+    _with_comm(root, "distributed-ps-2n/repeat-*/metrics.jsonl", allreduce_s=0.2,
+               allreduce_bytes=2_000_000, allreduce_calls=2, exposed_comm_s=0.05)
+    # The probe: 0.01 GB/s at 500 kB, 0.03 at 2 MB: 0.02 at 1 MB (linear in log size).
+    _probe(root / "baseline" / "distributed-ps-2n", {500_000: 0.01, 2_000_000: 0.03})
     (root / "baseline" / "broken").mkdir()
     (root / "baseline" / "broken" / "allreduce.json").write_text("{not json")
     result = harvest.collect([root], query_slurm=False)
-    assert [b["median_s"] for b in result.baseline] == [0.1]  # the broken one is skipped
+    assert len(result.baseline) == 1  # the broken one is skipped
     cell = result.cells[0]
     step = statistics.median(r.step_time_s for r in cell.runs)
-    assert cell.allreduce_s == 0.1 and cell.allreduce_share == pytest.approx(0.1 / step)
-    assert cell.bandwidth_reached == pytest.approx(0.5)  # training reached half the bandwidth
+    gradient_s = 2_000_000 / 0.03 / 1e9
+    assert cell.allreduce_s == pytest.approx(gradient_s)
+    assert cell.allreduce_share == pytest.approx(gradient_s / step)
+    # Bytes over the summed all-reduce time against the probe at the same message size; not
+    # the gradient's probe time over DDP's window (0.0667 / 0.2 would read 33%).
+    assert cell.bandwidth_reached == pytest.approx(0.01 / 0.02)
+    assert cell.exposed_share == pytest.approx(0.05 / step)
     text = harvest.render(result, "table")
-    assert "Network baseline" in text and "2.0" in text and "100.00" in text
+    assert "Network baseline" in text
+    rows = [line.split() for line in text.splitlines() if line.startswith("gloo ")]
+    assert [r[3:5] for r in rows] == [["488.3", "KiB"], ["1.9", "MiB"]]  # every size, ascending
+    assert rows[1][5] == "gradient" and "drift" not in text  # no end probe: no drift column
     data = json.loads(harvest.render(result, "json"))
-    assert data["baseline"][0]["busbw_GBps"] == 0.02
-    assert data["cells"][0]["allreduce_share_of_step"] == pytest.approx(0.1 / step)
+    assert data["baseline"][0]["busbw_GBps"] == 0.03 and data["baseline"][0]["when"] == "start"
+    assert data["cells"][0]["bandwidth_reached"] == pytest.approx(0.5)
+
+
+def test_a_probe_outside_trainings_message_size_gives_no_bandwidth_reached(tmp_path):
+    root = _campaign(tmp_path, {("distributed-ps", 2): [1800.0, 1820.0]}, communication="gloo")
+    # 25 MiB buckets, a sweep capped at 4 MiB (HPCDP_ALLREDUCE_MAX_MB): no extrapolation.
+    _with_comm(root, "distributed-ps-2n/repeat-*/metrics.jsonl", allreduce_s=0.2,
+               allreduce_bytes=50 << 20, allreduce_calls=2)
+    _probe(root / "baseline" / "distributed-ps-2n", {1 << 20: 0.5, 2_000_000: 0.6,
+                                                     4 << 20: 0.7})
+    cell = harvest.collect([root], query_slurm=False).cells[0]
+    assert cell.allreduce_s is not None and cell.bandwidth_reached is None
+
+
+def test_probes_are_tagged_by_campaign_and_time_and_show_their_drift(tmp_path):
+    a = _campaign(tmp_path, {("distributed-ps", 2): [1800.0, 1820.0]}, name="a",
+                  communication="gloo")
+    b = _campaign(tmp_path, {("distributed-ps", 2): [1700.0, 1710.0]}, name="b",
+                  communication="gloo")
+    _probe(a / "baseline" / "distributed-ps-2n", {1 << 20: 0.5, 2_000_000: 0.6})
+    _probe(a / "baseline-end" / "distributed-ps-2n", {1 << 20: 0.4, 2_000_000: 0.66})
+    _probe(b / "baseline" / "distributed-ps-2n", {1 << 20: 0.1, 2_000_000: 0.2})
+    found = read.find_baselines([tmp_path])
+    tags = sorted((Path(p["campaign"]).name, p["when"]) for p in found)
+    assert tags == [("a", "end"), ("a", "start"), ("b", "start")]
+    assert all(p["campaign"] == str(Path(p["path"]).parents[2]) for p in found)
+    result = harvest.collect([tmp_path], query_slurm=False)
+    cells = {c.source: c for c in result.cells}
+    # Each campaign's cells are explained by its own start probe, never the other's.
+    assert cells[str(a)].allreduce_s == pytest.approx(2_000_000 / 0.6 / 1e9)
+    assert cells[str(b)].allreduce_s == pytest.approx(2_000_000 / 0.2 / 1e9)
+    text = repeats.render_baseline(result.baseline)
+    assert "drift: end of the campaign against its start" in text
+    assert f"{a}:" in text and f"{b}:" in text  # two campaigns: each under its own name
+    lines = text.splitlines()
+    a_rows = lines[lines.index(f"{a}:") + 3:lines.index(f"{b}:") - 1]
+    assert [row.split()[-2:] for row in a_rows] == [["0.400", "-20.0%"], ["0.660", "+10.0%"]]
+    b_rows = lines[lines.index(f"{b}:") + 3:]
+    assert [row.split()[-2:] for row in b_rows] == [["-", "-"], ["-", "-"]]  # no end probe
+    assert "| drift |" in repeats.render_baseline(result.baseline, markdown=True)
+
+
+def test_unmeasured_communication_shows_a_dash_and_none_a_true_zero(tmp_path):
+    root = _campaign(tmp_path, {("single-gpu", 1): [1000.0, 1010.0],
+                                ("single-ps", 1): [1000.0, 1005.0]})
+    _with_comm(root, "single-gpu-1n/repeat-*/metrics.jsonl", exposed_comm_s=0.0)
+    _with_comm(root, "single-ps-1n/repeat-*/metrics.jsonl", exposed_comm_s=None)
+    result = harvest.collect([root], query_slurm=False)
+    cells = {c.strategy: c for c in result.cells}
+    assert cells["single-gpu"].exposed_share == 0.0 and cells["single-ps"].exposed_share is None
+    lines = harvest.render(result, "table").splitlines()
+    titles = re.split(r"\s{2,}", next(line for line in lines if line.startswith("cell ")))
+    rows = {row[0]: dict(zip(titles, row)) for row in (re.split(r"\s{2,}", line)
+            for line in lines if line.startswith(("single-gpu 1n", "single-ps 1n")))}
+    assert rows["single-gpu 1n"]["exposed comm"] == "0%"
+    assert rows["single-ps 1n"]["exposed comm"] == "-"  # not measured: not "0%"
+
+
+def test_tokens_per_elapsed_second_counts_everything_between_the_steps(tmp_path):
+    # Segment 1 trains steps 1-4 (4 s of steps) and is killed after logging step 4 at 6 s;
+    # segment 2 resumes from a step-2 checkpoint, redoes 3-4, trains 5-6, and its summary says
+    # its loop took 9 s from its first step's start. 6 steps x 1000 tokens over 6 + 9 s.
+    recs = [header("distributed-ps", 1, 2, steps=6),
+            step(1, 5.0, 1000, 1.5), step(2, 4.9, 1000, 3), step(3, 4.8, 1000, 4.5),
+            step(4, 4.7, 1000, 6),
+            header("distributed-ps", 1, 2, start_step=2, steps=6),
+            step(3, 4.8, 1000, 2), step(4, 4.7, 1000, 3), step(5, 4.6, 1000, 4),
+            step(6, 4.5, 1000, 5),
+            {**summary(6, 4.5), "tokens_trained": 4000, "train_elapsed_s": 9.0,
+             "tokens_per_elapsed_s": 4000 / 9.0}]
+    r = run_one(write_run(tmp_path / "rq", recs))
+    assert r.tokens_per_s == 1000.0  # per step-second: the steady steps alone
+    assert r.tokens_per_elapsed_s == pytest.approx(6000 / 15.0)
+    table = harvest.render(harvest.collect([tmp_path / "rq"], query_slurm=False), "table")
+    header_line, row = table.splitlines()[:2]
+    assert "tokens/elapsed s" in header_line
+    column = header_line.index("tokens/elapsed s") + len("tokens/elapsed s")
+    assert row[:column].rstrip().endswith("400")
+    rows = list(csv.DictReader(io.StringIO(harvest.render(
+        harvest.collect([tmp_path / "rq"], query_slurm=False), "csv"))))
+    assert float(rows[0]["tokens_per_elapsed_s"]) == pytest.approx(400.0)
+    # A file from before the field: the summary's absence is the last step's elapsed_s.
+    old = [r for r in recs if r["kind"] != "summary"] + [summary(6, 4.5)]
+    assert run_one(write_run(tmp_path / "old", old)).tokens_per_elapsed_s == pytest.approx(
+        6000 / (6 + 5))
+
+
+def test_the_step_lines_comm_fields_read_alike_by_pattern_and_by_json(tmp_path):
+    # The writer's key order (train/loop.py Throughput.record), matched by the fast pattern,
+    # and the same record in another order, read by json.loads: the same columns.
+    record = {"kind": "step", "time": T0 + 1, "step": 3, "loss": 4.0, "lr": 1e-3,
+              "grad_norm": 1.0, "loss_scale": None, "skipped": False,
+              "phases_s": {"data": 0.0, "forward": 0.1, "backward": 0.2, "sync": 0.0,
+                           "optimizer": 0.05},
+              "ddp_comm_s": {"allreduce": 0.02, "exposed": 0.01, "window": 0.1},
+              "exposed_comm_s": 0.01, "allreduce_s": 0.02, "allreduce_bytes": 1783808,
+              "allreduce_calls": 2, "step_time_s": 0.4, "tokens_per_s": 2500.0,
+              "tokens_seen": 3000, "elapsed_s": 1.2, "max_mem_gb": None, "mfu": None}
+    line = json.dumps(record)
+    assert read._STEP_LINE.fullmatch(line) is not None
+    fast = write_run(tmp_path / "fast", [header("distributed-ps", 1, 2), record])
+    slow = write_run(tmp_path / "slow", [header("distributed-ps", 1, 2),
+                                         dict(reversed(list(record.items())))])
+    a, b = (read.read_metrics(p / "metrics.jsonl").columns for p in (fast, slow))
+    assert (a.allreduce_bytes, a.allreduce_calls, a.allreduce_s, a.exposed_comm_s) == (
+        [1783808.0], [2.0], [0.02], [0.01])
+    assert (b.allreduce_bytes, b.allreduce_calls, b.allreduce_s, b.exposed_comm_s) == (
+        a.allreduce_bytes, a.allreduce_calls, a.allreduce_s, a.exposed_comm_s)
 
 
 # --------------------------------------------------------------------------- populations (issue 18)
@@ -666,3 +799,25 @@ def test_a_cell_whose_loss_drifted_cannot_win(tmp_path):
     (v,) = result.verdicts
     assert v["fastest"] == "distributed-ps 2n" and v["outcome"] != "faster"
     assert "horovod 2n may not win: its loss drifts 10.0%" in v["text"]
+
+
+def test_a_campaign_cell_counts_its_own_restarts_not_the_campaigns(tmp_path):
+    # issue 19, item 4: the campaign job was requeued once; the cell that ran after the
+    # requeue has one segment whose header says restart_count 1 (the job's), the cell that
+    # was interrupted has two segments.
+    root = tmp_path / "compare"
+    (root / "campaign.json").parent.mkdir(parents=True)
+    (root / "campaign.json").write_text("{}")
+    after = [header("single-gpu", 1, 1, job="9", restart_count=1, steps=3),
+             step(1, 4.0, 1000, 1), step(2, 3.5, 1000, 2), step(3, 3.0, 1000, 3),
+             summary(3, 3.0)]
+    write_run(root / "single-gpu-1n" / "repeat-1", after)
+    interrupted = [header("single-gpu", 1, 1, job="9", restart_count=0, steps=3),
+                   step(1, 4.0, 1000, 1),
+                   header("single-gpu", 1, 1, job="9", restart_count=1, start_step=1, steps=3),
+                   step(2, 3.5, 1000, 2), step(3, 3.0, 1000, 3), summary(3, 3.0)]
+    write_run(root / "single-gpu-1n" / "repeat-2", interrupted)
+    runs = {Path(r.run_dir).name: r for r in harvest.harvest([root], query_slurm=False)}
+    assert runs["repeat-1"].restarts == 0 and runs["repeat-2"].restarts == 1
+    assert not any("requeued" in n for n in runs["repeat-1"].notes)
+    assert "requeued/resumed 1x (2 segments)" in runs["repeat-2"].notes
