@@ -34,12 +34,15 @@ class Segment:
     """The last step's elapsed_s: the segment's training time."""
     offset_s: float = 0.0
     """Training time of all earlier segments (the time axis continues across requeues)."""
+    summary: dict | None = None
+    """The segment's own summary record (None: it was killed before writing one)."""
 
 
 # Step fields harvest uses, in the writer's order. All but "time" are kept as columns; of the
 # times only the newest counts (MetricsLog.last_time), and float() is what reading costs.
-STEP_FIELDS = ("time", "step", "loss", "exposed_comm_s", "allreduce_s", "step_time_s",
-               "tokens_per_s", "elapsed_s", "max_mem_gb", "mfu")
+STEP_FIELDS = ("time", "step", "loss", "exposed_comm_s", "allreduce_s", "allreduce_bytes",
+               "allreduce_calls", "step_time_s", "tokens_per_s", "elapsed_s", "max_mem_gb",
+               "mfu")
 COLUMNS = STEP_FIELDS[1:]
 _ELAPSED = COLUMNS.index("elapsed_s")
 
@@ -57,6 +60,10 @@ class StepColumns:
     """Gradient communication no computation hid (train/phases.py); None in older files."""
     allreduce_s: list = field(default_factory=list)
     """The step's whole gradient all-reduce time, where the wrapper measures it (DDP)."""
+    allreduce_bytes: list = field(default_factory=list)
+    """Bytes rank 0 put into that all-reduce (None where it is not timed, and in older files)."""
+    allreduce_calls: list = field(default_factory=list)
+    """All-reduce calls (DDP's buckets) of that step."""
     step_time_s: list = field(default_factory=list)
     tokens_per_s: list = field(default_factory=list)
     elapsed_s: list = field(default_factory=list)
@@ -124,6 +131,7 @@ _NUMBER = r"(-?[0-9][0-9.eE+-]*|null)"
 _STEP_LINE = re.compile(
     r'\{"kind": "step", "time": ' + _NUMBER + r', "step": ([0-9]+), "loss": ' + _NUMBER
     + r', .*?(?:"exposed_comm_s": ' + _NUMBER + r', )?(?:"allreduce_s": ' + _NUMBER
+    + r', )?(?:"allreduce_bytes": ' + _NUMBER + r', "allreduce_calls": ' + _NUMBER
     + r', )?"step_time_s": ' + _NUMBER
     + r', "tokens_per_s": ' + _NUMBER
     + r', "tokens_seen": [^,]*, "elapsed_s": ' + _NUMBER + r', "max_mem_gb": ' + _NUMBER
@@ -242,7 +250,7 @@ class _Reader:
                 if record.get("step").__class__ is int and _num(record.get("val_loss")) is not None:
                     log.evals[record["step"]] = float(record["val_loss"])
             elif kind == "summary":
-                log.summary = record
+                log.summary = self.segment().summary = record
         if t is not None:
             self.times.append(t)
 
@@ -311,22 +319,34 @@ def find_run_dirs(paths: list[Path]) -> list[Path]:
 BASELINE_FILE = "allreduce.json"  # train/allreduce.py's RESULT_FILE
 
 
+PROBE_FOLDERS = {"baseline": "start", "baseline-end": "end"}
+"""A campaign's probe folders (<campaign>/baseline[-end]/<strategy>-<N>n/) and when they ran."""
+
+
 def find_baselines(paths: list[Path]) -> list[dict]:
     """The network-baseline probes (hpcdp compare) under `paths`: each allreduce.json that
-    reads as a mapping with a median time; anything else is skipped."""
-    found = []
+    reads as a mapping with a median time; anything else is skipped. Each is tagged with
+    `path`, `when` ("start" under baseline/, "end" under baseline-end/, None elsewhere) and
+    `campaign` (the folder holding baseline/: a campaign's probes explain only its own cells)."""
+    found, seen = [], set()
     for path in paths:
         if not Path(path).is_dir():
             continue
         for root, dirs, files in os.walk(path):
             dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
-            if BASELINE_FILE in files:
-                try:
-                    record = json.loads((Path(root) / BASELINE_FILE).read_text())
-                except (OSError, ValueError):
-                    continue
-                if isinstance(record, dict) and isinstance(record.get("median_s"), (int, float)):
-                    found.append({**record, "path": str(Path(root) / BASELINE_FILE)})
+            file = Path(root).resolve() / BASELINE_FILE
+            if BASELINE_FILE not in files or file in seen:
+                continue
+            seen.add(file)  # two paths that overlap
+            try:
+                record = json.loads(file.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("median_s"), (int, float)):
+                when = PROBE_FOLDERS.get(file.parent.parent.name)
+                campaign = file.parent.parent.parent if when else file.parent.parent
+                found.append({**record, "path": str(file), "when": when,
+                              "campaign": str(campaign)})
     return found
 
 

@@ -12,6 +12,7 @@ failed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,8 +65,10 @@ class Cell:
     """allreduce_s / this cell's median step time: the share of a step one un-overlapped
     gradient all-reduce would take (communication that backward hides does not count)."""
     bandwidth_reached: float | None = None
-    """The baseline's all-reduce time / this cell's own all-reduce time in training: the share
-    of the measured bandwidth training reaches (DDP, whose reducer times it)."""
+    """Training's own bus bandwidth (bytes all-reduced per step / the summed time a bucket was
+    in flight, x 2(n-1)/n) over the probe's bus bandwidth at training's message size (bytes per
+    call, interpolated in the probe's sweep): the share of the measured bandwidth training
+    reaches. Only where training times its all-reduce (DDP) and the sweep covers its size."""
     exposed_share: float | None = None
     """Median exposed gradient communication / median step time, over its runs."""
     group: int = 0
@@ -212,19 +215,57 @@ def _exposed_share(runs: list[RunResult]) -> float | None:
 
 
 def attach_baseline(cells: list[Cell], baseline: list[dict]) -> None:
-    """Each distributed cell's all-reduce time from the probe of its transport and world."""
-    probes = {(b.get("communication") or "", b.get("world_size")): b for b in baseline}
+    """Each distributed cell's probe: of its own campaign (a probe explains only the cells
+    measured beside it), transport and world, the one run at the campaign's start where there
+    is one."""
     for cell in cells:
         comm = (cell.communication or "").split("/")[0]
-        probe = probes.get((comm, cell.world_size))
+        mine = [b for b in baseline
+                if ((b.get("communication") or ""), b.get("world_size")) == (comm, cell.world_size)
+                and b.get("campaign", cell.source) == cell.source
+                and isinstance(b.get("median_s"), (int, float))]
+        probe = min(mine, key=lambda b: b.get("when") != "start", default=None)
+        if probe is None:
+            continue
+        cell.allreduce_s = float(probe["median_s"])
         steps = [r.step_time_s for r in cell.runs if r.step_time_s]
-        if probe and isinstance(probe.get("median_s"), (int, float)):
-            cell.allreduce_s = float(probe["median_s"])
-            if steps:
-                cell.allreduce_share = cell.allreduce_s / stats.median(steps)
-            own = [r.allreduce_s for r in cell.runs if r.allreduce_s]
-            if own:
-                cell.bandwidth_reached = cell.allreduce_s / stats.median(own)
+        if steps:
+            cell.allreduce_share = cell.allreduce_s / stats.median(steps)
+        cell.bandwidth_reached = _bandwidth_reached(cell, probe)
+
+
+def _sweep(probe: dict) -> list[dict]:
+    """The probe's sizes, ascending; a probe from before the sweep: its one (gradient) size."""
+    sweep = probe.get("sweep")
+    entries = sweep if isinstance(sweep, list) and sweep else [probe]
+    return sorted((e for e in entries if isinstance(e, dict)
+                   and isinstance(e.get("bytes"), (int, float)) and e["bytes"] > 0
+                   and isinstance(e.get("busbw_GBps"), (int, float)) and e["busbw_GBps"] > 0),
+                  key=lambda e: e["bytes"])
+
+
+def busbw_at(probe: dict, nbytes: float) -> float | None:
+    """The probe's bus bandwidth at `nbytes`, linear in log(size) between its two nearest
+    sizes; None outside the sizes it measured (no extrapolation)."""
+    sweep = _sweep(probe)
+    for low, high in zip(sweep, sweep[1:] or sweep):
+        if low["bytes"] <= nbytes <= high["bytes"]:
+            if high["bytes"] == low["bytes"]:
+                return float(low["busbw_GBps"])
+            f = math.log(nbytes / low["bytes"]) / math.log(high["bytes"] / low["bytes"])
+            return low["busbw_GBps"] + f * (high["busbw_GBps"] - low["busbw_GBps"])
+    return None
+
+
+def _bandwidth_reached(cell: Cell, probe: dict) -> float | None:
+    n = cell.world_size or 0
+    runs = [r for r in cell.runs if r.allreduce_s and r.allreduce_bytes and r.allreduce_calls]
+    if n < 2 or not runs:
+        return None
+    own = stats.median([r.allreduce_bytes / r.allreduce_s / 1e9 * 2 * (n - 1) / n for r in runs])
+    reference = busbw_at(probe, stats.median([r.allreduce_bytes / r.allreduce_calls
+                                              for r in runs]))
+    return own / reference if reference else None
 
 
 def _fill_ratios(cells: list[Cell]) -> None:
@@ -352,20 +393,55 @@ def _grid(rows: list[list[str]], markdown: bool) -> list[str]:
                       for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
 
 
-BASELINE_COLUMNS = ("transport", "nodes", "world", "MB", "median ms", "algbw GB/s",
+BASELINE_COLUMNS = ("transport", "nodes", "world", "size", "", "median ms", "algbw GB/s",
                     "busbw GB/s")
+END_COLUMNS = ("end busbw GB/s", "drift")
+
+
+def _size(nbytes: float) -> str:
+    if nbytes >= 1 << 20:
+        return f"{nbytes / (1 << 20):.1f} MiB"
+    return f"{nbytes / 1024:.1f} KiB"
 
 
 def render_baseline(baseline: list[dict], markdown: bool = False) -> str:
-    """The campaign's network baseline: one gradient's all-reduce per transport and world."""
-    rows = [list(BASELINE_COLUMNS)] + [
-        [str(b.get("communication")), str(b.get("nodes")), str(b.get("world_size")),
-         f"{b['bytes'] / 1e6:.1f}", f"{b['median_s'] * 1e3:.2f}", f"{b['algbw_GBps']:.3f}",
-         f"{b['busbw_GBps']:.3f}"]
-        for b in sorted(baseline, key=lambda b: (str(b.get("communication")),
-                                                 b.get("world_size") or 0))]
-    title = "Network baseline (all-reduce of one gradient, median of 10; busbw as nccl-tests):"
-    return "\n".join([title, "", *_grid(rows, markdown)])
+    """The network baseline: per campaign, transport and world, every message size of the
+    probe at the campaign's start and, where it ran, at its end (their busbw's drift)."""
+    probes: dict[tuple, dict] = {}
+    for b in baseline:
+        key = (str(b.get("campaign") or ""), str(b.get("communication")), b.get("world_size") or 0)
+        probes.setdefault(key, {})[b.get("when") or "start"] = b
+    with_end = any("end" in p and "start" in p for p in probes.values())
+    header = list(BASELINE_COLUMNS) + (list(END_COLUMNS) if with_end else [])
+    lines: list[str] = []
+    campaigns = list(dict.fromkeys(k[0] for k in sorted(probes)))
+    for campaign in campaigns:
+        rows = [header]
+        for key in sorted(k for k in probes if k[0] == campaign):
+            pair = probes[key]
+            first = pair.get("start") or pair["end"]
+            ends = {e["bytes"]: e for e in _sweep(pair["end"])} if "start" in pair and \
+                "end" in pair else {}
+            for e in _sweep(first):
+                row = [key[1], str(first.get("nodes")), str(key[2]), _size(e["bytes"]),
+                       str(e.get("what") or ("gradient" if e is first else "")),
+                       f"{e['median_s'] * 1e3:.2f}", f"{e['algbw_GBps']:.3f}",
+                       f"{e['busbw_GBps']:.3f}"]
+                if with_end:
+                    end = ends.get(e["bytes"])
+                    row += ["-", "-"] if end is None else [
+                        f"{end['busbw_GBps']:.3f}",
+                        f"{100 * (end['busbw_GBps'] / e['busbw_GBps'] - 1):+.1f}%"]
+                if "start" not in pair:
+                    row[4] = (row[4] + " (end only)").strip()
+                rows.append(row)
+        if len(campaigns) > 1:
+            lines += ["", f"{campaign or 'outside a campaign'}:"]
+        lines += ["", *_grid(rows, markdown)]
+    title = ("Network baseline (all-reduce per message size: median of the timed iterations, "
+             "each the slowest rank's; busbw = algbw x 2(n-1)/n as nccl-tests"
+             + ("; drift: end of the campaign against its start" if with_end else "") + "):")
+    return "\n".join([title, *lines])
 
 
 def source_label(source: str, campaign: dict | None = None) -> str:

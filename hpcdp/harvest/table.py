@@ -72,6 +72,13 @@ class RunResult:
     """Median gradient communication per step that no computation hid (train/phases.py)."""
     allreduce_s: float | None = None
     """Median time of the step's whole gradient all-reduce, where measured (DDP)."""
+    allreduce_bytes: float | None = None
+    """Median bytes of that all-reduce per step, and of its calls (buckets) per step: training's
+    own bus bandwidth and message size (repeats.attach_baseline)."""
+    allreduce_calls: float | None = None
+    tokens_per_elapsed_s: float | None = None
+    """Tokens trained over the run's elapsed time (logging, evaluation, checkpoints, the stop
+    agreement and warm-up included), summed over segments: tokens_per_elapsed."""
     speedup: float | None = None
     scaling_efficiency: float | None = None
     """tokens/s / (nodes x tokens/s of the same strategy and precision on 1 node)."""
@@ -182,6 +189,7 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
     tps, dts, mfus = present(c.tokens_per_s, timed), present(c.step_time_s, timed), present(
         c.mfu, timed)
     exposed, allreduce = present(c.exposed_comm_s, timed), present(c.allreduce_s, timed)
+    sent, calls = present(c.allreduce_bytes, timed), present(c.allreduce_calls, timed)
     mems = present(c.max_mem_gb, order)
     final_val = log.evals[max(log.evals)] if log.evals else None
     if final_val is None and log.summary:
@@ -213,6 +221,8 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         corrupt_lines=log.corrupt_lines, truncated=log.truncated,
         tokens_per_s=_median(tps), step_time_s=_median(dts), steady_steps=len(steady),
         exposed_comm_s=_median(exposed), allreduce_s=_median(allreduce),
+        allreduce_bytes=_median(sent), allreduce_calls=_median(calls),
+        tokens_per_elapsed_s=tokens_per_elapsed(log),
         final_loss=losses[-1] if losses else None,
         final_val_loss=final_val, peak_mem_gb=max(mems) if mems else None,
         mfu=_median(mfus), curve_step=list(map(step_of.__getitem__, with_loss)),
@@ -226,6 +236,24 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
 
 def _count(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def tokens_per_elapsed(log: MetricsLog) -> float | None:
+    """The run's tokens over its elapsed training time: each segment's `train_elapsed_s`
+    (summary: its first step's start to its loop's end), or, for a segment killed before its
+    summary, its last step's `elapsed_s`. Steps redone after a requeue count once, the time
+    they took twice: work lost to a kill is in it, as in the training-time axis."""
+    tokens_per_step = log.header.get("tokens_per_step")
+    steps = [log.columns.step[i] for i in log.order]
+    if not steps or not isinstance(tokens_per_step, int) or not log.segments:
+        return None
+    start = log.segments[0].header.get("start_step")
+    tokens = (max(steps) - (start if isinstance(start, int) else 0)) * tokens_per_step
+    elapsed = 0.0
+    for seg in log.segments:
+        wall = _number((seg.summary or {}).get("train_elapsed_s"))
+        elapsed += wall if wall is not None else seg.last_elapsed_s
+    return tokens / elapsed if elapsed > 0 and tokens > 0 else None
 
 
 def _communication(header: dict) -> str | None:
@@ -423,6 +451,7 @@ COLUMNS: list[tuple[str, str]] = [
     ("state", "state"),
     ("steps", "steps"),
     ("tokens_per_s", "tokens/s"),
+    ("tokens_per_elapsed_s", "tokens/elapsed s"),
     ("step_time_ms", "step ms"),
     ("speedup", "speed-up"),
     ("scaling_efficiency", "scaling eff"),
@@ -447,7 +476,7 @@ def _cell(r: RunResult, name: str, for_csv: bool = False) -> str:
         return "" if for_csv else "-"
     if for_csv:
         return repr(value) if isinstance(value, float) else str(value)
-    if name == "tokens_per_s":
+    if name in ("tokens_per_s", "tokens_per_elapsed_s"):
         return f"{value:,.0f}"
     if name in ("speedup",):
         return f"{value:.2f}x"
@@ -474,7 +503,8 @@ def render_table(results: list[RunResult]) -> str:
     cols = _columns(results)
     rows = [[title for _, title in cols]] + [[_cell(r, name) for name, _ in cols] for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    right = {"nodes", "world_size", "global_batch", "steps", "tokens_per_s", "step_time_ms",
+    right = {"nodes", "world_size", "global_batch", "steps", "tokens_per_s",
+             "tokens_per_elapsed_s", "step_time_ms",
              "speedup", "scaling_efficiency", "efficiency_vs_single", "time_to_target_s",
              "final_loss", "final_val_loss", "peak_mem_gb", "mfu"}
     out = []
@@ -506,7 +536,8 @@ CSV_FIELDS = ["run_dir", "experiment", "strategy", "nodes", "world_size", "globa
               "precision", "device",
               "communication", "job_id", "state", "state_source", "exit_code", "steps", "last_step",
               "planned_steps", "segments", "restarts", "corrupt_lines", "truncated",
-              "tokens_per_s", "step_time_s", "steady_steps", "exposed_comm_s", "allreduce_s",
+              "tokens_per_s", "tokens_per_elapsed_s", "step_time_s", "steady_steps",
+              "exposed_comm_s", "allreduce_s", "allreduce_bytes", "allreduce_calls",
               "speedup",
               "scaling_efficiency",
               "efficiency_vs_single", "baseline", "loss_drift", "parity_reference",
