@@ -1,0 +1,91 @@
+"""Checkpoints that cannot be trusted or written (issue 19, items 2 and 3): a damaged newest
+checkpoint is skipped for the intact one before it, none intact is one line, and a disk that
+fills while writing is one line with the temporary file gone and a resume that continues."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SETS = ["train.log_interval=1", "train.eval_interval=0", "train.checkpoint_interval=4",
+        "train.warmup_steps=2", "data.corpus=synthetic", "train.micro_batch_size=4",
+        "train.stop_check_s=0", "train.keep_checkpoints=2"]
+
+
+def train(out: Path, steps: int, resume: bool = False) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "train", "--experiment", "smoke", "--strategy", "single-gpu",
+           "--out", str(out), "--set", f"train.steps={steps}"]
+    cmd += [a for s in SETS for a in ("--set", s)] + (["--resume"] if resume else [])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+def checkpoints(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / "checkpoints").iterdir())
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one(tmp_path):
+    out = tmp_path / "run"
+    assert train(out, 12).returncode == 0
+    assert checkpoints(out) == ["step-0000008.pt", "step-0000008.pt.sha256",
+                                "step-0000012.pt", "step-0000012.pt.sha256"]
+    newest = out / "checkpoints" / "step-0000012.pt"
+    os.truncate(newest, newest.stat().st_size // 2)
+    done = train(out, 16, resume=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in done.stdout.splitlines() if "skipped damaged" in line]
+    assert len(said) == 1 and "step-0000012.pt (" in said[0] and "when written" in said[0]
+    assert "resuming from step-0000008.pt" in said[0]
+    assert "resumed from" in done.stdout and "at step 8" in done.stdout
+    assert "Traceback" not in done.stderr
+    # Now damage every checkpoint left (same size, one byte flipped: only the digest sees it)
+    for name in ("step-0000012.pt", "step-0000016.pt"):
+        path = out / "checkpoints" / name
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    done = train(out, 20, resume=True)
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no intact checkpoint in" in errors[0]
+    assert "step-0000016.pt (its sha256 differs" in errors[0] and "step-0000012.pt" in errors[0]
+    assert "Traceback" not in done.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 8 MB tmpfs (root only): room for one checkpoint of the smoke model (5.4 MB),
+    not for the next one beside it."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (not root?): {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_the_resume_continues(small_disk):
+    out = small_disk / "run"
+    done = train(out, 12)
+    assert done.returncode == 1, done.stdout[-1000:] + done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no space left on device writing checkpoint" in errors[0]
+    assert "MB needed" in errors[0] and "Traceback" not in done.stderr
+    left = checkpoints(out)
+    assert not [n for n in left if ".tmp-" in n]  # the temporary file is gone
+    assert left and left[0].startswith("step-")  # the checkpoint before it is intact
+    # free space, then resume: it continues from the intact checkpoint
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    done = train(out, 12, resume=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resumed from" in done.stdout
