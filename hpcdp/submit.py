@@ -75,6 +75,20 @@ def _executor_class():
     return RenderedScriptExecutor
 
 
+PROJECT = str(Path(__file__).resolve().parents[1])
+"""This checkout: the job registry is per user, so each record says which checkout submitted it,
+and `status` and `cancel --all` keep to the current one."""
+
+
+def project_records(records: list[dict], all_projects: bool = False) -> tuple[list[dict], int]:
+    """(the records of this checkout, how many others were left out). Records from before
+    `project` was recorded count as this checkout's."""
+    if all_projects:
+        return records, 0
+    mine = [r for r in records if r.get("project", PROJECT) == PROJECT]
+    return mine, len(records) - len(mine)
+
+
 def state_file() -> Path:
     """The jobs hpcdp submitted, one JSON line each (read by `hpcdp status`)."""
     base = os.environ.get("HPCDP_STATE_DIR") or os.path.join(
@@ -123,6 +137,7 @@ def submit_job(job: RenderedJob, cluster: str, experiment: str, label: str | Non
         "script": str(job.script_path),
         "log": str(job.run_dir / slurm.job_log_name(str(submitted.job_id))),
         "submitted_at": time.time(),
+        "project": PROJECT,
         "after": after,
     }
     (job.run_dir / "submission.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -137,6 +152,43 @@ def sbatch_message(exc: Exception) -> str:
     """sbatch's own words from submitit's error (its stderr), each line once, on one line."""
     lines = [" ".join(line.split()) for line in str(exc).splitlines()]
     return " ".join(dict.fromkeys(line for line in lines if line))[-400:]
+
+
+CLAIM_WAIT_S = 60.0
+
+
+@contextlib.contextmanager
+def claiming(run_dirs: list[Path]):
+    """Hold the submit lock of each run folder while it is checked, written and submitted: two
+    `hpcdp submit`s into one folder at the same moment run one after the other, and the second
+    then finds the first's job and is refused (check_run_dirs_free). The locks live in the
+    state folder, so that a refused submit leaves no folder behind."""
+    import fcntl
+    import hashlib
+
+    folder = state_file().parent / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    held = []
+    try:
+        for run_dir in sorted({str(Path(d).absolute()) for d in run_dirs}):  # one order: no
+            name = hashlib.sha256(run_dir.encode()).hexdigest()[:32] + ".lock"   # deadlock
+            fh = open(folder / name, "w")  # noqa: SIM115 - closed in finally
+            held.append(fh)
+            deadline = time.monotonic() + CLAIM_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise UsageError(f"{run_dir} is being submitted by another hpcdp for "
+                                         f"over {CLAIM_WAIT_S:.0f} s; try again, or give "
+                                         "another --out") from None
+                    time.sleep(0.1)
+        yield
+    finally:
+        for fh in held:
+            fh.close()  # closing releases the lock
 
 
 def check_run_dirs_free(jobs: list[RenderedJob]) -> None:
