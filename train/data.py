@@ -373,7 +373,7 @@ def open_data(exp: Experiment) -> TokenData:
                 "n_val_tokens": SYNTHETIC_TOKENS["val"]}
         return TokenData(vocab, meta, None, splits)
     if shards.is_shard_folder(d.corpus):  # memory-mapped where they are, nothing copied
-        streams = shards.open_shards(Path(d.corpus).expanduser(), vocab)
+        streams = shards.open_shards(Path(d.corpus).expanduser(), vocab, d.tokenizer)
         meta = {"corpus": d.corpus, "tokenizer": d.tokenizer, "vocab_size": vocab,
                 "dtype": streams["train"].dtype.name, "format": "shards",
                 **{f"n_{split}_tokens": len(t) for split, t in streams.items()}}

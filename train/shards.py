@@ -89,13 +89,37 @@ def open_shard(path: Path, vocab: int) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
 
 
-def open_shards(folder: Path, vocab: int) -> dict[str, ShardedTokens]:
-    """{"train": ..., "val": ...} of a shard folder; both splits must have tokens."""
+MAX_ID_CHUNK = 1 << 26  # tokens read at a time when checking ids: bounded memory
+
+
+def largest_id(tokens: np.ndarray) -> int:
+    """The largest token id of a shard, read once in chunks (a shard is often GBs)."""
+    return max((int(tokens[i:i + MAX_ID_CHUNK].max()) for i in range(0, len(tokens),
+                                                                      MAX_ID_CHUNK)), default=0)
+
+
+def check_ids(path: Path, tokens: np.ndarray, vocab: int, tokenizer: str) -> None:
+    """Ids at or past the vocabulary would index past the embedding (an IndexError on a CPU, a
+    device-side assert on a GPU, deep in the first forward): refuse them when the shard opens."""
+    top = largest_id(tokens)
+    if top >= vocab:
+        raise UsageError(f"shard {str(path)!r} holds token id {top:,}, but data.tokenizer "
+                         f"{tokenizer!r} has a vocabulary of {vocab:,}: set data.tokenizer to "
+                         "the one the shards were made with (nanoGPT/llm.c: gpt2)")
+
+
+def open_shards(folder: Path, vocab: int, tokenizer: str = "?") -> dict[str, ShardedTokens]:
+    """{"train": ..., "val": ...} of a shard folder; both splits must have tokens, and every id
+    must be below the vocabulary."""
     files = sorted(p for p in folder.iterdir() if p.suffix == ".bin")
     splits = {"train": [p for p in files if "val" not in p.name],
               "val": [p for p in files if "val" in p.name]}
-    out = {split: ShardedTokens([open_shard(p, vocab) for p in paths])
-           for split, paths in splits.items()}
+    out = {}
+    for split, paths in splits.items():
+        opened = [open_shard(p, vocab) for p in paths]
+        for path, tokens in zip(paths, opened):
+            check_ids(path, tokens, vocab, tokenizer)
+        out[split] = ShardedTokens(opened)
     for split, tokens in out.items():
         if not len(tokens):
             raise UsageError(f"shard folder {str(folder)!r} has no {split} tokens (shards "

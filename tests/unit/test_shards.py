@@ -45,7 +45,7 @@ def test_llmc_shards_are_one_stream_per_split_across_boundaries(tmp_path):
 
 
 def test_nanogpt_raw_shards_and_uint32_llmc_shards(tmp_path):
-    (tmp_path / "train.bin").write_bytes(np.arange(500, dtype=np.uint16).tobytes())
+    (tmp_path / "train.bin").write_bytes((np.arange(500) % 256).astype(np.uint16).tobytes())
     (tmp_path / "val.bin").write_bytes(np.arange(200, dtype=np.uint16).tobytes())
     data = open_data(exp_for(tmp_path))
     assert data.meta["n_train_tokens"] == 500 and data.tokens("val")[198:200].tolist() == [198, 199]
@@ -80,3 +80,15 @@ def test_a_shard_folder_without_validation_shards_says_how_they_are_named(tmp_pa
     assert not shards.is_shard_folder(str(tmp_path / "missing"))
     (tmp_path / "notes.txt").write_text("text")
     assert not shards.is_shard_folder(str(tmp_path))  # a text corpus, to prepare
+
+
+def test_ids_past_the_vocabulary_are_refused_when_the_shards_open(tmp_path):
+    # issue 19, item 5: nanoGPT uint16 shards of GPT-2 ids under the default bytes tokenizer
+    (tmp_path / "train.bin").write_bytes(np.array([10, 50256, 3], dtype=np.uint16).tobytes())
+    (tmp_path / "val.bin").write_bytes(np.array([1, 2], dtype=np.uint16).tobytes())
+    with pytest.raises(UsageError) as caught:
+        open_data(exp_for(tmp_path))
+    message = str(caught.value)
+    assert "token id 50,256" in message and "data.tokenizer 'bytes'" in message
+    assert "vocabulary of 256" in message and "\n" not in message
+    assert shards.largest_id(np.arange(10, dtype=np.uint16)) == 9
