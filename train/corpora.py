@@ -9,13 +9,14 @@ tokenizes; train/data.py does that.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import hashlib
 import importlib.util
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcdp.errors import UsageError, did_you_mean
@@ -24,6 +25,41 @@ SYNTHETIC = "synthetic"
 NAMED = ("shakespeare", "fortunes", SYNTHETIC)
 TEXT_SUFFIXES = (".txt", ".md")
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
+
+
+@dataclass
+class Tally:
+    """What reading a corpus left out or changed, counted over one pass of documents()."""
+
+    null_texts: int = 0
+    """JSONL records and Parquet rows whose text is null (skipped)."""
+    invalid_utf8: int = 0
+    """Invalid UTF-8 byte sequences, each replaced by U+FFFD."""
+
+    def line(self, skipped_files: tuple[Path, ...], root: Path | None) -> str | None:
+        """One sentence of everything left out, or None when nothing was."""
+        parts = []
+        if skipped_files:
+            names = [str(p.relative_to(root)) if root else p.name for p in skipped_files]
+            shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8
+                                            else "")
+            parts.append(f"{len(names)} file(s) not read (not {FOLDER_KINDS}): {shown}")
+        if self.null_texts:
+            parts.append(f"{self.null_texts} record(s) with a null text skipped")
+        if self.invalid_utf8:
+            parts.append(f"{self.invalid_utf8} invalid UTF-8 sequence(s) replaced by U+FFFD")
+        return "; ".join(parts) or None
+
+
+_REPLACED = [0]  # invalid UTF-8 sequences seen by the "hpcdp-count" decoding error handler
+
+
+def _count_and_replace(exc: UnicodeDecodeError) -> tuple[str, int]:
+    _REPLACED[0] += 1
+    return "\ufffd", exc.end
+
+
+codecs.register_error("hpcdp-count", _count_and_replace)
 
 
 @dataclass(frozen=True)
@@ -38,12 +74,24 @@ class Corpus:
     """Input files in reading order (sorted, so preparation is deterministic)."""
     root: Path | None
     """Folder the files are named relative to in fingerprints (None for a single file)."""
-    reader: Callable[[Path], Iterator[str]]
-    """Yields the documents of one file."""
+    reader: Callable[[Path, Tally], Iterator[str]]
+    """Yields the documents of one file, counting what it skips into the tally."""
+    skipped_files: tuple[Path, ...] = ()
+    """Files of a corpus folder that are not read (another suffix): named once when preparing."""
+    tally: Tally = field(default_factory=Tally, compare=False)
+    """What the last pass of documents() skipped or replaced."""
 
     def documents(self) -> Iterator[str]:
+        self.tally.null_texts = 0
+        replaced_before = _REPLACED[0]
         for path in self.files:
-            yield from self.reader(path)
+            yield from self.reader(path, self.tally)
+            self.tally.invalid_utf8 = _REPLACED[0] - replaced_before
+
+    def skipped(self) -> dict:
+        """The manifest's record of what was left out (meta.json `skipped`)."""
+        return {"files": [self.relative(p) for p in self.skipped_files],
+                "null_texts": self.tally.null_texts, "invalid_utf8": self.tally.invalid_utf8}
 
     def relative(self, path: Path) -> str:
         return str(path.relative_to(self.root)) if self.root else path.name
@@ -68,12 +116,13 @@ class Corpus:
         return h.hexdigest()
 
 
-def _read_text_file(path: Path) -> Iterator[str]:
-    # errors="replace": one stray byte in a large corpus should not stop preparation.
-    yield path.read_text(encoding="utf-8", errors="replace")
+def _read_text_file(path: Path, tally: Tally | None = None) -> Iterator[str]:
+    # Replaced, not fatal: one stray byte in a large corpus should not stop preparation; the
+    # replacements are counted and named once (Tally).
+    yield path.read_text(encoding="utf-8", errors="hpcdp-count")
 
 
-def _read_json_list(path: Path) -> Iterator[str]:
+def _read_json_list(path: Path, tally: Tally | None = None) -> Iterator[str]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -95,9 +144,10 @@ def _read_json_list(path: Path) -> Iterator[str]:
     yield from data
 
 
-def _read_jsonl(path: Path, field: str) -> Iterator[str]:
-    """One JSON object per line, its `field` the document (the files of a HF dataset)."""
-    with open(path, encoding="utf-8", errors="replace") as f:
+def _read_jsonl(path: Path, tally: Tally, field: str) -> Iterator[str]:
+    """One JSON object per line, its `field` the document (the files of a HF dataset); a null
+    text is skipped and counted, as Parquet's null rows are."""
+    with open(path, encoding="utf-8", errors="hpcdp-count") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -106,15 +156,21 @@ def _read_jsonl(path: Path, field: str) -> Iterator[str]:
             except json.JSONDecodeError as exc:
                 raise UsageError(f"data.corpus {str(path)!r} line {n} is not JSON "
                                  f"({_short(exc)}); expected one object per line") from None
-            text = record.get(field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
+            if not isinstance(record, dict) or field not in record:
                 keys = ", ".join(sorted(record)) if isinstance(record, dict) else "not an object"
-                raise UsageError(f"data.corpus {str(path)!r} line {n} has no string field "
-                                 f"{field!r} (data.text_field); it has: {keys}")
+                raise UsageError(f"data.corpus {str(path)!r} line {n} has no field {field!r} "
+                                 f"(data.text_field); it has: {keys}")
+            text = record[field]
+            if text is None:
+                tally.null_texts += 1
+                continue
+            if not isinstance(text, str):
+                raise UsageError(f"data.corpus {str(path)!r} line {n}: field {field!r} is a "
+                                 f"{type(text).__name__}, not a string (data.text_field)")
             yield text
 
 
-def _read_parquet(path: Path, field: str) -> Iterator[str]:
+def _read_parquet(path: Path, tally: Tally, field: str) -> Iterator[str]:
     """The string column `field`, read a record batch at a time (pyarrow)."""
     try:
         import pyarrow.parquet as pq
@@ -127,7 +183,11 @@ def _read_parquet(path: Path, field: str) -> Iterator[str]:
         raise UsageError(f"data.corpus {str(path)!r} has no column {field!r} (data.text_field); "
                          f"its columns: {', '.join(columns)}")
     for batch in parquet.iter_batches(columns=[field], batch_size=4096):
-        yield from (text for text in batch.column(0).to_pylist() if text)
+        for text in batch.column(0).to_pylist():
+            if text is None:
+                tally.null_texts += 1
+            elif text:
+                yield text
 
 
 READERS = {".txt": "text", ".md": "text", ".json": "json", ".jsonl": "jsonl",
@@ -136,7 +196,7 @@ READERS = {".txt": "text", ".md": "text", ".json": "json", ".jsonl": "jsonl",
 metadata, not corpora)."""
 
 
-def _reader(suffix: str, field: str) -> Callable[[Path], Iterator[str]]:
+def _reader(suffix: str, field: str) -> Callable[[Path, Tally], Iterator[str]]:
     kind = READERS[suffix]
     if kind == "jsonl":
         return functools.partial(_read_jsonl, field=field)
@@ -145,8 +205,8 @@ def _reader(suffix: str, field: str) -> Callable[[Path], Iterator[str]]:
     return _read_json_list if kind == "json" else _read_text_file
 
 
-def _read_by_suffix(path: Path, field: str) -> Iterator[str]:
-    yield from _reader(path.suffix.lower(), field)(path)
+def _read_by_suffix(path: Path, tally: Tally, field: str) -> Iterator[str]:
+    yield from _reader(path.suffix.lower(), field)(path, tally)
 
 
 def _short(exc: Exception) -> str:
@@ -210,15 +270,15 @@ def resolve_corpus(spec: str, text_field: str = "text") -> Corpus:
     path = Path(spec).expanduser()
     name = corpus_name(spec)
     if path.is_dir():
-        files = tuple(sorted(
-            p for p in path.rglob("*")
-            if p.is_file() and p.suffix.lower() in READERS and p.suffix.lower() != ".json"
-        ))
+        everything = sorted(p for p in path.rglob("*") if p.is_file())
+        files = tuple(p for p in everything
+                      if p.suffix.lower() in READERS and p.suffix.lower() != ".json")
         if not files:
             raise UsageError(f"data.corpus folder {spec!r} holds no {FOLDER_KINDS} files "
                              "(searched recursively)")
         return Corpus(name, str(path.resolve()), files, path,
-                      functools.partial(_read_by_suffix, field=text_field))
+                      functools.partial(_read_by_suffix, field=text_field),
+                      skipped_files=tuple(p for p in everything if p not in files))
     if path.is_file():
         suffix = path.suffix.lower()
         if suffix not in READERS:

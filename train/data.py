@@ -190,6 +190,9 @@ def _build(exp: Experiment, corpus: Corpus, vocab: int, tmp: Path,
         writer.add(ids)
         n_docs += 1
     counts = writer.close()
+    left_out = corpus.tally.line(corpus.skipped_files, corpus.root)
+    if left_out:  # once, here and in meta.json: nothing is dropped without a word
+        log(f"prepare: left out of {d.corpus!r}: {left_out}")
     if counts["train"] == 0:
         raise UsageError(f"data.corpus {d.corpus!r} holds no text")
     meta = {
@@ -204,6 +207,7 @@ def _build(exp: Experiment, corpus: Corpus, vocab: int, tmp: Path,
         "n_val_tokens": counts["val"],
         "n_documents": n_docs,
         "n_files": len(corpus.files),
+        "skipped": corpus.skipped(),
         "val_fraction": d.val_fraction,
         "split_block": SPLIT_BLOCK,
         "separator": list(tok.separator),

@@ -275,7 +275,7 @@ def test_a_folder_mixes_text_jsonl_and_parquet_files_in_name_order(tmp_path):
 
 def test_a_missing_text_field_names_what_there_is(tmp_path):
     jsonl = write_jsonl(tmp_path / "c.jsonl", field="content")
-    with pytest.raises(UsageError, match=r"line 1 has no string field 'text' \(data.text_field\);"
+    with pytest.raises(UsageError, match=r"line 1 has no field 'text' \(data.text_field\);"
                                          r" it has: content, id"):
         list(corpora.resolve_corpus(str(jsonl)).documents())
     parquet = write_parquet(tmp_path / "c.parquet", column="content")
@@ -461,3 +461,36 @@ def _collect(fn) -> list[str]:
     lines: list[str] = []
     fn(lines.append)
     return lines
+
+
+def test_what_a_corpus_folder_leaves_out_is_named_once_in_the_log_and_the_manifest(tmp_path):
+    # issue 19, item 6: skipped files, null texts and replaced invalid UTF-8 are said, once
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"plain text with one bad byte \xff here. " * 20)
+    (folder / "b.jsonl").write_text(json.dumps({"text": "a document " * 30}) + "\n"
+                                    + json.dumps({"text": None}) + "\n")
+    pq.write_table(pa.table({"text": ["a parquet row " * 30, None]}), folder / "c.parquet")
+    for name in ("d.bin", "notes.csv", "readme.rst"):
+        (folder / name).write_text("x")
+    exp = make_exp(tmp_path, corpus=str(folder))
+    lines: list[str] = []
+    prepare(exp, log=lines.append)
+    said = [line for line in lines if "left out of" in line]
+    assert len(said) == 1
+    assert "3 file(s) not read" in said[0] and "d.bin, notes.csv, readme.rst" in said[0]
+    assert "2 record(s) with a null text skipped" in said[0]
+    assert "20 invalid UTF-8 sequence(s) replaced" in said[0]
+    skipped = open_data(exp).meta["skipped"]
+    assert skipped == {"files": ["d.bin", "notes.csv", "readme.rst"], "null_texts": 2,
+                       "invalid_utf8": 20}
+
+
+def test_a_jsonl_text_that_is_not_a_string_says_what_it_is(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"text": 5}) + "\n")
+    with pytest.raises(UsageError, match=r"line 1: field 'text' is a int, not a string"):
+        list(corpora.resolve_corpus(str(path)).documents())
