@@ -377,7 +377,11 @@ def header(t: Training, env: distenv.DistEnv) -> dict[str, Any]:
         start_step=t.start_step, resumed_from=t.resumed_from, slurm_job_id=env.job_id,
         restart_count=env.restart_count, hostname=socket.gethostname(),
         experiment=t.exp.name, config=as_dict(t.exp), versions=_versions(),
-        threads_per_process=torch.get_num_threads(), malloc=malloc.in_use(),
+        threads_per_process=torch.get_num_threads(),
+        # The CPUs this process may run on (Slurm's binding where it binds), beside its threads.
+        cpus_per_process=(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                          else os.cpu_count()),
+        malloc=malloc.in_use(),
         launcher=env.launcher,
         communication=strategy.communication, grad_comm=strategy.grad_comm,
         grad_bytes_per_step=_grad_bytes(t.raw_model, strategy.grad_comm),

@@ -34,8 +34,8 @@ CASES += [("horovod", 2, "local")]
 
 
 def test_golden_names_match_the_registry():
-    golden = {p.stem.split("@")[0] for p in GOLDEN.glob("*.sbatch")}
-    assert golden == set(strategies.NAMES)
+    golden = {p.stem.split("@")[0] for p in GOLDEN.glob("*.sbatch")} - {"campaign"}
+    assert golden == set(strategies.NAMES)  # campaign@local: tests/unit/test_campaign.py
 
 
 @pytest.mark.parametrize("strategy,nodes,cluster", CASES)
@@ -94,7 +94,8 @@ def test_torchrun_launcher_starts_one_torchrun_per_node_for_ddp_only(tmp_path):
                    launcher="torchrun")
     launch = [line for line in text.splitlines() if line.startswith("srun ")]
     assert launch == [
-        'srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}"'
+        'srun --nodes=2 --ntasks=2 --ntasks-per-node=1'
+        ' --cpus-per-task="${NODE_CPUS:-${SLURM_CPUS_ON_NODE:-1}}"'
         ' ${HPCDP_CAMPAIGN:+--exact} --kill-on-bad-exit=1 "$PYTHON" -m torch.distributed.run'
         ' --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d'
         ' --rdzv-endpoint="$RDZV_HOST:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID" -m train'
@@ -106,6 +107,41 @@ def test_torchrun_launcher_starts_one_torchrun_per_node_for_ddp_only(tmp_path):
     for strategy in ("horovod", "single-gpu"):
         other = _render(strategy, 1, "local", tmp_path, launcher="torchrun")
         assert "torch.distributed.run" not in other
+
+
+def _torchrun_threads(text: str, environ: dict[str, str]) -> tuple[str, str]:
+    """Run the script's lines that set torchrun's threads; (OMP_NUM_THREADS, NODE_CPUS)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("THREADS="))
+    end = next(i for i, line in enumerate(lines) if line.startswith("NODE_CPUS="))
+    code = "\n".join(["set -euo pipefail", *lines[start:end + 1],
+                      'echo "$OMP_NUM_THREADS ${NODE_CPUS:-}"'])
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",
+                                                             "SRUN_CPUS_PER_TASK")}
+    out = subprocess.run(["bash", "-c", code], env={**env, **environ}, capture_output=True,
+                         text=True, check=True).stdout.split()
+    return out[0], (out[1] if len(out) > 1 else "")
+
+
+@pytest.mark.parametrize("cpus_per_task", [None, 3])
+def test_torchrun_ranks_get_the_threads_srun_ranks_get(tmp_path, cpus_per_task):
+    """torchrun's own default is one thread per rank; srun's ranks follow
+    distenv.threads_per_process. Both launchers now give a rank the same count, alone and in a
+    campaign (which sets SRUN_CPUS_PER_TASK), and torchrun's task takes its ranks' CPUs."""
+    from hpcdp import distenv
+
+    text = _render("distributed-ps", 2, "local", tmp_path, cpu_ranks_per_node=2,
+                   launcher="torchrun", cpus_per_task=cpus_per_task)
+    srun_rank = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "4",
+                 "SLURM_LOCALID": "0", "SLURM_NNODES": "2", "SLURM_NODEID": "0",
+                 "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "node[1-2]",
+                 **({"SLURM_CPUS_PER_TASK": str(cpus_per_task)} if cpus_per_task else {})}
+    alone = distenv.threads_per_process(distenv.detect(srun_rank), srun_rank)
+    assert _torchrun_threads(text, {}) == (str(alone), "")
+    in_campaign = {**srun_rank, "SLURM_CPUS_PER_TASK": "5"}  # srun's, from SRUN_CPUS_PER_TASK
+    threads = distenv.threads_per_process(distenv.detect(in_campaign), in_campaign)
+    assert _torchrun_threads(text, {"SRUN_CPUS_PER_TASK": "5"}) == (str(threads), "10")
+    assert _torchrun_threads(text, {"OMP_NUM_THREADS": "7"})[0] == "7"  # a user's own wins
 
 
 def test_cpu_profile_uses_cpu_ranks_per_node(tmp_path):
