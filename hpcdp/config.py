@@ -77,6 +77,9 @@ class ClusterProfile:
     job's port). Horovod and the one-process strategies always start with srun."""
     extra_sbatch: list[str] = field(default_factory=list)
     """Extra `#SBATCH` options, each like `--constraint=v100` or `--exclusive`."""
+    campaign_exclusive: bool = True
+    """`hpcdp compare` asks for whole nodes (`--exclusive`), so that no other job's processes
+    run beside the cells; false where a site forbids or charges for it (docs/compare.md)."""
     output_dir: str = "runs"
     """Where runs are written: OUTPUT_DIR/EXPERIMENT/STRATEGY-Nn/. Relative to the cwd."""
 
@@ -103,6 +106,9 @@ class ClusterProfile:
                     "with '-', as --name or --name=value (no double quote), e.g. "
                     "--constraint=v100 or '--comment=a b'"
                 )
+        if not isinstance(self.campaign_exclusive, bool):
+            raise UsageError(f"cluster.campaign_exclusive {self.campaign_exclusive!r} must be "
+                             "true or false")
         for key in self.env:
             _check(key, "cluster.env key", _ENV_RE, "a shell variable name")
         if self.srun_mpi and not _NAME_RE.fullmatch(self.srun_mpi):
@@ -357,8 +363,9 @@ class CompareConfig:
     repeats: int = 3
     """Runs of each (strategy, nodes) cell: medians and intervals need more than one."""
     order: Literal["shuffled", "as-listed"] = "shuffled"
-    """shuffled: a random order (seed recorded), so that no strategy always runs first or
-    last in the allocation; as-listed: the matrix's order, repeat by repeat."""
+    """Either way each repeat is one round of every cell. shuffled: each round in its own
+    random order (one seed, recorded), so that no strategy always runs first or last;
+    as-listed: every round in the matrix's order."""
     seed: int | None = None
     """The shuffle's seed; None: drawn at random and recorded in campaign.json."""
     equivalent_within: float = 0.02
