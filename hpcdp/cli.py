@@ -226,6 +226,9 @@ def cmd_compare(args) -> int:
 
     profile, experiment = _load(args)
     plan = campaign.plan(profile, experiment, output_dir=args.out, repeats=args.repeats)
+    for note in plan.notes:  # how the one allocator of every cell was chosen
+        print(note, file=sys.stderr)
+    experiment = plan.experiment
     if args.dry_run:
         print(f"# would submit: sbatch {plan.job.script_path}  ({len(plan.cells)} cells; "
               "nothing written, nothing submitted)")
@@ -240,7 +243,7 @@ def cmd_compare(args) -> int:
         campaign.move_aside(plan.folder)
     else:
         render.check_continuable(jobs, experiment)
-    take_back = campaign.write(plan, experiment)
+    take_back = campaign.write(plan)
     try:
         record = submit.submit_job(plan.job, profile.name, experiment.name, label="compare")
     except UsageError:
@@ -249,7 +252,9 @@ def cmd_compare(args) -> int:
         raise
     print(f"submitted job {record['job_id']}: campaign of {len(plan.cells)} cells "
           f"({experiment.name}) on {plan.job.nodes} node(s)"
-          + (f", order seed {plan.seed}" if plan.seed is not None else ", order as listed"))
+          + (f", order seed {plan.seed}" if plan.seed is not None else ", order as listed")
+          + f", malloc {experiment.train.malloc}"
+          + (", exclusive nodes" if plan.exclusive else ", nodes shared with other jobs"))
     print(f"  script: {record['script']}")
     print(f"  log:    {record['log']}")
     print(f"  run:    {plan.folder}")

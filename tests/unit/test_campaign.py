@@ -1,5 +1,7 @@
-"""hpcdp compare's plan and script, without Slurm: the order, its seed, the allocation's size,
-the cells' own scripts, shell syntax, and that a dry run writes nothing."""
+"""hpcdp compare's plan and script, without Slurm: the order (one round per repeat), its seed,
+the allocation's size, one allocator for every cell, --exclusive, the network probes at both
+ends, the cells' own scripts, shell syntax, the retry of a failed cell (the script run by bash
+with cells that fail on purpose), and that a dry run writes nothing."""
 
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ def test_the_script_runs_each_cells_own_script_in_the_recorded_order(tmp_path):
     text = plan.job.text
     positions = [text.index(str(c.job.script_path)) for c in plan.cells]
     assert positions == sorted(positions)
-    assert "HPCDP_CAMPAIGN=1 bash \"$script\"" in text and "seed 11" in text
+    assert "HPCDP_CAMPAIGN=1 bash \"$3\"" in text and "seed 11" in text
     for cell in plan.cells:  # srun inside a larger allocation takes exactly the cell's size
         assert f"--nodes={cell.nodes}" in cell.job.text
         assert "${HPCDP_CAMPAIGN:+--exact}" in cell.job.text
@@ -87,7 +89,8 @@ def test_dry_run_of_the_paper_campaign_prints_it_and_writes_nothing(tmp_path):
                   "--dry-run")
     assert done.returncode == 0, done.stderr
     plan = _plan(tmp_path, "generic-gpu", "paper")
-    assert done.stdout.count("/job.sbatch") == len(plan.cells) + len(plan.probes)
+    assert done.stdout.count("/job.sbatch") == (len(plan.cells) + len(plan.probes)
+                                                + len(plan.probes_end))
     # The network baseline: one probe per transport and node count, before the cells.
     assert sorted(c.key for c in plan.probes) == sorted(
         f"baseline-{s}-{n}n" for s in ("distributed-ps", "horovod") for n in (1, 2, 4))
@@ -108,3 +111,178 @@ def test_bad_compare_input_is_one_line_exit_2(tmp_path, args, needle):
     assert done.returncode == 2, done.stdout + done.stderr
     assert needle in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert "Traceback" not in done.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_each_repeat_is_one_round_that_holds_every_cell_once(tmp_path):
+    """Blocked order: drift over the allocation reaches every cell alike. A whole-list shuffle
+    ran both repeats of a cell back to back (seed 5 here did: the old order failed this)."""
+    exp = config.load_experiment("smoke")
+    matrix = [f"{s.name}-{n}n" for s, n in exp.matrix.cells()]
+    orders = set()
+    for seed in range(8):
+        plan = _plan(tmp_path, compare={"repeats": 3, "seed": seed})
+        for k in (1, 2, 3):
+            block = plan.cells[(k - 1) * len(matrix):k * len(matrix)]
+            assert [c.repeat for c in block] == [k] * len(matrix), seed
+            assert sorted(f"{c.strategy.name}-{c.nodes}n" for c in block) == sorted(matrix)
+            orders.add(tuple(c.key.rsplit("-r", 1)[0] for c in block))
+    assert len(orders) > 8  # each round shuffled on its own, not one order repeated
+    listed = _plan(tmp_path, compare={"repeats": 2, "order": "as-listed"})
+    assert [c.key for c in listed.cells] == [f"{m}-r{k}" for k in (1, 2) for m in matrix]
+
+
+def _malloc_of(job) -> str:
+    import yaml
+    return yaml.safe_load(job.experiment_file.read_text())["train"]["malloc"]
+
+
+def test_every_cell_gets_one_allocator_and_campaign_json_records_it(tmp_path):
+    """train.malloc auto gave Horovod-over-MPI cells glibc's malloc and every other cell
+    tcmalloc: the campaign compared allocators. Now it resolves one for all and says so."""
+    plan = _plan(tmp_path)  # smoke: Horovod under the local profile's MPI controller
+    campaign.write(plan)
+    mallocs = {_malloc_of(c.job) for c in plan.cells + plan.probes + plan.probes_end}
+    assert mallocs == {"system"} and plan.experiment.train.malloc == "system"
+    record = json.loads((plan.folder / campaign.CAMPAIGN_FILE).read_text())
+    assert record["malloc"] == "system"
+    assert len(plan.notes) == 1 and "horovod 1n" in plan.notes[0]
+    assert "cluster.horovod_controller=gloo" in plan.notes[0]
+    # No cell initialises MPI: auto, as for a job of its own, in every cell, without a note.
+    other = _plan(tmp_path, matrix={"strategies": ["single-gpu", "ddp"]})
+    assert other.experiment.train.malloc == "auto" and other.notes == []
+    profile = config.load_profile("local", {"output_dir": str(tmp_path / "runs"),
+                                            "horovod_controller": "gloo"})
+    gloo = campaign.plan(profile, config.load_experiment("smoke"))
+    assert gloo.experiment.train.malloc == "auto" and gloo.notes == []
+    named = _plan(tmp_path / "n", train={"malloc": "tcmalloc"},
+                  matrix={"strategies": ["single-gpu", "ddp"]})
+    assert named.experiment.train.malloc == "tcmalloc"
+
+
+def test_an_allocator_some_cells_cannot_take_is_refused_in_one_line(tmp_path):
+    done = _hpcdp(tmp_path, "compare", "--set", "train.malloc=tcmalloc", "--out",
+                  str(tmp_path / "runs"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert "train.malloc 'tcmalloc'" in done.stderr and "horovod 2n" in done.stderr
+    assert "train.malloc=system" in done.stderr and "horovod_controller=gloo" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_campaign_asks_for_whole_nodes_unless_the_profile_says_not(tmp_path):
+    plan = _plan(tmp_path)
+    assert "#SBATCH --exclusive\n" in plan.job.text and plan.exclusive
+    assert not any("--exclusive" in c.job.text for c in plan.cells)  # cells are steps
+    assert plan.record()["exclusive"] is True
+    profile = config.load_profile("local", {"output_dir": str(tmp_path / "runs"),
+                                            "campaign_exclusive": False})
+    shared = campaign.plan(profile, config.load_experiment("smoke"))
+    assert "--exclusive" not in shared.job.text and shared.record()["exclusive"] is False
+    done = _hpcdp(tmp_path, "compare", "--dry-run", "--set", "cluster.campaign_exclusive=maybe")
+    assert done.returncode == 2 and "cluster.campaign_exclusive" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_the_network_probes_run_first_and_again_last(tmp_path):
+    plan = _plan(tmp_path, compare={"repeats": 2, "seed": 4})
+    start = sorted(c.key for c in plan.probes)
+    assert start == ["baseline-distributed-ps-2n", "baseline-horovod-2n"]
+    assert sorted(c.key for c in plan.probes_end) == [k.replace("baseline-", "baseline-end-")
+                                                      for k in start]
+    for c in plan.probes_end:
+        assert c.job.run_dir == plan.folder / "baseline-end" / f"{c.strategy.name}-{c.nodes}n"
+        assert "TRAIN_ARGS=(\n    allreduce\n" in c.job.text  # python -m train allreduce
+    text = plan.job.text
+    last_cell = max(text.index(str(c.job.script_path)) for c in plan.cells)
+    assert all(text.index(str(c.job.script_path)) > last_cell for c in plan.probes_end)
+    assert all(text.index(str(c.job.script_path)) < text.index(str(plan.cells[0].job.script_path))
+               for c in plan.probes)
+    record = plan.record()
+    assert [b["key"] for b in record["baseline_end"]] == [c.key for c in plan.probes_end]
+
+
+def test_a_failed_cell_is_retried_once_at_the_end_of_its_round(tmp_path):
+    """The campaign script itself, run by bash outside Slurm, with each cell's script replaced
+    by one that fails on purpose: single-gpu-1n-r1 fails once, distributed-ps-1n-r1 always."""
+    plan = _plan(tmp_path, compare={"repeats": 2, "order": "as-listed"},
+                 matrix={"strategies": ["single-gpu", "ddp"], "nodes": [1]})
+    campaign.write(plan)
+    once, always = plan.cells[0].job, plan.cells[1].job
+    for c in plan.cells:
+        c.job.script_path.write_text(f"echo run >>{c.job.run_dir.parent}/attempts-{c.repeat}\n")
+    once.script_path.write_text(
+        f"echo run >>{once.run_dir.parent}/attempts-1\n"
+        f"[ -e {once.run_dir.parent}/failed-before ] && exit 0\n"
+        f"touch {once.run_dir.parent}/failed-before {once.run_dir}/metrics.jsonl; exit 3\n")
+    always.script_path.write_text(f"echo run >>{always.run_dir.parent}/attempts-1\nexit 4\n")
+    done = subprocess.run(["bash", str(plan.job.script_path)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "SLURM_JOB_ID": "manual"})
+    assert done.returncode == 1
+    log = (plan.folder / "slurm-manual.out").read_text()
+    lines = (plan.folder / "cells.done").read_text().splitlines()
+    assert lines == ["failed single-gpu-1n-r1 3", "failed distributed-ps-1n-r1 4",
+                     "cell single-gpu-1n-r1 0", "cell distributed-ps-1n-r1 4",
+                     "cell single-gpu-1n-r2 0", "cell distributed-ps-1n-r2 0"], log
+    # The retries ran at the end of round 1, before round 2.
+    assert log.index("single-gpu-1n-r1: retrying") < log.index("single-gpu-1n-r2: starting")
+    assert log.rstrip().endswith("4 cells, 2 retried, 1 failed")
+    assert (once.run_dir.parent / "attempts-1").read_text().count("run") == 2
+    # The failed attempt is set aside; the retry ran in a fresh folder with the same files.
+    aside = once.run_dir.with_name("repeat-1.failed")
+    assert (aside / "metrics.jsonl").exists() and not (once.run_dir / "metrics.jsonl").exists()
+    assert (once.run_dir / "job.sbatch").read_text() == (aside / "job.sbatch").read_text()
+    assert (once.run_dir / "experiment.yaml").exists()
+    # Run again (a requeue): nothing reruns, every cell is over.
+    again = subprocess.run(["bash", str(plan.job.script_path)], capture_output=True,
+                           timeout=120, env={**os.environ, "SLURM_JOB_ID": "manual"})
+    log = (plan.folder / "slurm-manual.out").read_text()
+    assert log.count("done in an earlier run") == 4 and again.returncode == 1
+    assert log.rstrip().endswith("4 cells, 2 retried, 1 failed")  # what failed before, too
+    assert (once.run_dir.parent / "attempts-1").read_text().count("run") == 2
+    assert len((plan.folder / "cells.done").read_text().splitlines()) == 6
+
+
+def test_a_campaign_requeued_between_a_failure_and_its_retry_retries_it(tmp_path):
+    """cells.done says the first attempt failed: the rerun does not start it over as a first
+    attempt, it retries it at the end of its round (in the fresh folder set up for it)."""
+    plan = _plan(tmp_path, compare={"repeats": 1, "order": "as-listed"},
+                 matrix={"strategies": ["single-gpu", "ddp"], "nodes": [1]})
+    campaign.write(plan)
+    for c in plan.cells:
+        c.job.script_path.write_text(f"echo run >>{c.job.run_dir}/attempts\n")
+    (plan.folder / "cells.done").write_text("failed single-gpu-1n-r1 1\n")
+    done = subprocess.run(["bash", str(plan.job.script_path)], capture_output=True, timeout=120,
+                          env={**os.environ, "SLURM_JOB_ID": "manual"})
+    log = (plan.folder / "slurm-manual.out").read_text()
+    assert done.returncode == 0, log
+    assert "single-gpu-1n-r1: failed in an earlier run of this job" in log
+    assert log.index("distributed-ps-1n-r1: starting") < log.index("single-gpu-1n-r1: retrying")
+    assert (plan.cells[0].job.run_dir / "attempts").read_text() == "run\n"
+    assert not plan.cells[0].job.run_dir.with_name("repeat-1.failed").exists()
+    assert log.rstrip().endswith("2 cells, 1 retried, 0 failed")
+
+
+def test_golden_campaign_script(tmp_path):
+    """The whole campaign script of a small matrix, as review sees it."""
+    import difflib
+
+    profile = config.load_profile("local", {"python": "/opt/venv/bin/python"})
+    exp = config.load_experiment("smoke", {"matrix": {"strategies": ["ddp", "horovod"],
+                                                      "nodes": [1, 2]},
+                                           "compare": {"repeats": 2, "seed": 1}})
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        text = campaign.plan(profile, exp, output_dir="/runs").job.text
+    finally:
+        os.chdir(old)
+    text = text.replace(str(tmp_path), "/WORKDIR")
+    path = Path(__file__).parent.parent / "golden" / "campaign@local.sbatch"
+    if os.environ.get("HPCDP_REGENERATE_GOLDEN"):
+        path.write_text(text)
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
+                                            str(path), "rendered"))
+        pytest.fail(f"rendered campaign differs from {path}:\n{diff}\nIf intended, regenerate: "
+                    "HPCDP_REGENERATE_GOLDEN=1 python -m pytest tests/unit/test_campaign.py")
