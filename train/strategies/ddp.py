@@ -35,7 +35,7 @@ class BucketTimes:
     synchronize."""
 
     def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
+        self.device, self.cuda = device, device.type == "cuda"
         self._lock = threading.Lock()
         self._launched: list = []
         self._done: dict[int, object] = {}
@@ -43,8 +43,10 @@ class BucketTimes:
 
     def _now(self):
         if self.cuda:
+            # The device's current stream, whichever thread calls (the callback's waits for
+            # the collective).
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))
             return event
         return time.perf_counter()
 
