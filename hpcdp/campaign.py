@@ -173,14 +173,16 @@ def _exclusive(profile: ClusterProfile, directives: list[str]) -> list[str]:
 
 
 def plan(profile: ClusterProfile, experiment: Experiment, *, output_dir: str | None = None,
-         repeats: int | None = None) -> Campaign:
-    """Render every cell and the campaign script. Pure: writes nothing."""
+         repeats: int | None = None, fresh: bool = False) -> Campaign:
+    """Render every cell and the campaign script. Pure: writes nothing. fresh: a new campaign
+    replaces the one in the folder, so its recorded seed is not continued (compare.seed null:
+    a new one is drawn)."""
     folder = campaign_folder(profile, experiment, output_dir)
     settings = experiment.compare
     repeats = repeats or settings.repeats
     seed = None
     if settings.order == "shuffled":
-        seed = settings.seed if settings.seed is not None else recorded_seed(folder)
+        seed = settings.seed if settings.seed is not None or fresh else recorded_seed(folder)
         seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
     matrix = experiment.matrix.cells()
     malloc, notes = campaign_malloc(profile, experiment, matrix)

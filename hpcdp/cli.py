@@ -180,21 +180,26 @@ def cmd_submit(args) -> int:
     _check_horovod(jobs, profile)
     _local_cluster_env(profile)
     _check_partition_fits(jobs, profile)
-    submit.check_run_dirs_free(jobs)
-    _claim_run_dirs(jobs, experiment, args)
     ordered = ([prepare] if prepare else []) + jobs
-    take_back = render.write_jobs(ordered, experiment)
     records: list[dict] = []
-    for i, job in enumerate(ordered):
-        try:
-            record = submit.submit_job(
-                job, profile.name, experiment.name, label="prepare" if job is prepare else None,
-                after=records[0]["job_id"] if prepare and job is not prepare else None)
-        except UsageError:
-            for unsubmitted in ordered[i:]:  # a refused job leaves no files behind
-                take_back[unsubmitted.run_dir]()
-            raise
-        records.append(record)
+    # Check, write and submit under each run folder's lock: of two submits into one folder
+    # at the same moment, the second finds the first's job and is refused.
+    with submit.claiming([job.run_dir for job in ordered]):
+        submit.check_run_dirs_free(jobs)
+        _claim_run_dirs(jobs, experiment, args)
+        take_back = render.write_jobs(ordered, experiment)
+        for i, job in enumerate(ordered):
+            try:
+                record = submit.submit_job(
+                    job, profile.name, experiment.name,
+                    label="prepare" if job is prepare else None,
+                    after=records[0]["job_id"] if prepare and job is not prepare else None)
+            except UsageError:
+                for unsubmitted in ordered[i:]:  # a refused job leaves no files behind
+                    take_back[unsubmitted.run_dir]()
+                raise
+            records.append(record)
+    for job, record in zip(ordered, records):
         what = ("prepares the data; the cells start after it" if job is prepare
                 else f"{job.strategy.name} on {job.nodes} node(s)")
         print(f"submitted job {record['job_id']}: {what}")
@@ -208,7 +213,14 @@ def _follow(records: list[dict], timeout: float | None) -> int:
     """--wait: until every job ends; 0 only when all COMPLETED."""
     from hpcdp import submit
 
-    states, ended = submit.follow([r["job_id"] for r in records], timeout_s=timeout)
+    try:
+        states, ended = submit.follow([r["job_id"] for r in records], timeout_s=timeout)
+    except KeyboardInterrupt:  # Ctrl-C stops the following, not the jobs: say so
+        ids = " ".join(r["job_id"] for r in records)
+        print(f"hpcdp: stopped following; job(s) {ids} keep running: `hpcdp status`, "
+              f"`hpcdp logs {records[0]['job_id']} --follow`, or `hpcdp cancel {ids}`",
+              file=sys.stderr)
+        return 130
     for record in records:
         job_id, state = record["job_id"], states[record["job_id"]]
         if job_id not in ended:
@@ -225,7 +237,8 @@ def cmd_compare(args) -> int:
     from hpcdp import campaign, render, submit
 
     profile, experiment = _load(args)
-    plan = campaign.plan(profile, experiment, output_dir=args.out, repeats=args.repeats)
+    plan = campaign.plan(profile, experiment, output_dir=args.out, repeats=args.repeats,
+                         fresh=args.fresh)
     for note in plan.notes:  # how the one allocator of every cell was chosen
         print(note, file=sys.stderr)
     experiment = plan.experiment
@@ -235,21 +248,30 @@ def cmd_compare(args) -> int:
         sys.stdout.write(plan.job.text)
         return 0
     jobs = [c.job for c in plan.cells]
-    _check_horovod(jobs, profile)
-    _local_cluster_env(profile)
-    _check_partition_fits([plan.job], profile)
-    submit.check_run_dirs_free([plan.job])
-    if args.fresh:
-        campaign.move_aside(plan.folder)
-    else:
-        render.check_continuable(jobs, experiment)
-    take_back = campaign.write(plan)
-    try:
-        record = submit.submit_job(plan.job, profile.name, experiment.name, label="compare")
-    except UsageError:
-        for undo in take_back.values():
-            undo()
-        raise
+    if not args.render:
+        _check_horovod(jobs, profile)
+        _local_cluster_env(profile)
+        _check_partition_fits([plan.job], profile)
+    # Check, write and submit under the folder's lock (see cmd_submit).
+    with submit.claiming([plan.folder]):
+        if not args.render:
+            submit.check_run_dirs_free([plan.job])
+        if args.fresh:
+            campaign.move_aside(plan.folder)
+        else:
+            render.check_continuable(jobs, experiment)
+        take_back = campaign.write(plan)
+        if args.render:  # the whole campaign on disk, for plain sbatch
+            print(f"wrote the campaign of {len(plan.cells)} cells to {plan.folder}: "
+                  f"{campaign.SCRIPT_NAME}, campaign.json and every cell's and probe's script")
+            print(f"  run it with: sbatch {shlex.quote(str(plan.job.script_path))}")
+            return 0
+        try:
+            record = submit.submit_job(plan.job, profile.name, experiment.name, label="compare")
+        except UsageError:
+            for undo in take_back.values():
+                undo()
+            raise
     print(f"submitted job {record['job_id']}: campaign of {len(plan.cells)} cells "
           f"({experiment.name}) on {plan.job.nodes} node(s)"
           + (f", order seed {plan.seed}" if plan.seed is not None else ", order as listed")
@@ -288,10 +310,12 @@ def cmd_run(args) -> int:
 def cmd_status(args) -> int:
     from hpcdp import slurm, submit
 
-    records = submit.read_records()
+    records, others = submit.project_records(submit.read_records(), args.all_projects)
     if args.cluster_filter:
         records = [r for r in records if r.get("cluster") == args.cluster_filter]
     records = records[-args.last:]
+    if others:
+        print(f"({others} job(s) of other checkouts not shown: --all-projects shows them)")
     if not records:
         print(f"no jobs submitted by hpcdp yet (records: {submit.state_file()})")
         return 0
@@ -352,16 +376,23 @@ def cmd_cancel(args) -> int:
 
     records = submit.read_records()
     if args.all == bool(args.jobs):
-        raise UsageError("cancel what? name job ids, or --all (the jobs hpcdp submitted that "
-                         "have not ended)")
+        raise UsageError("cancel what? name job ids, or --all (the jobs hpcdp submitted from "
+                         "this checkout that have not ended)")
     _fallback_slurm_env()
-    if args.all:
-        infos = slurm.query_jobs([r["job_id"] for r in records])
-        ids = [job for job, info in infos.items() if info.source == "squeue"]  # still live
+    if args.all:  # only this checkout's jobs, unless asked (the job registry is per user)
+        records, _ = submit.project_records(records, args.all_projects)
+        wanted = list(dict.fromkeys(r["job_id"] for r in records))
     else:
-        ids = [_record_of(job, records)["job_id"] for job in args.jobs]
+        wanted = [_record_of(job, records)["job_id"] for job in args.jobs]
+    infos = slurm.query_jobs(wanted)
+    ids = [job for job in wanted if job in infos and infos[job].source == "squeue"]  # live
+    ended = [job for job in wanted if job not in ids]
+    if ended and not args.all:
+        print("hpcdp: already ended, nothing to cancel: " + ", ".join(
+            f"{job} ({infos[job].state if job in infos else 'UNKNOWN'})" for job in ended))
     if not ids:
-        print("hpcdp: no job of hpcdp's is pending or running")
+        print("hpcdp: no job of hpcdp's is pending or running" if args.all else
+              "hpcdp: cancelled nothing")
         return 0
     failed = slurm.cancel(ids)
     if failed:
@@ -492,7 +523,10 @@ def _add_submitting_commands(sub) -> None:
                                        "one after another (a fair comparison)")
     _add_selection(p, one_cell=False)
     p.add_argument("--repeats", type=positive_int,
-                   help="runs of each cell (default: the experiment's compare.repeats, 3)")
+                   help="runs of each cell (default: the experiment's compare.repeats)")
+    p.add_argument("--render", action="store_true",
+                   help="write the whole campaign (its script, every cell's and probe's script, "
+                        "campaign.json) for plain sbatch; submit nothing")
     _add_follow_options(p, "print the campaign script", "the job until it ends", "COMPLETED")
     p.set_defaults(func=cmd_compare)
 
@@ -524,6 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", dest="cluster_filter", help="only jobs of this profile")
     p.add_argument("--watch", type=positive_float, metavar="SECONDS",
                    help="refresh every SECONDS until every job shown has ended")
+    p.add_argument("--all-projects", action="store_true",
+                   help="also jobs submitted from other checkouts of hpcdp (same user)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("logs", help="print the log of a job hpcdp submitted")
@@ -534,7 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cancel", help="cancel jobs hpcdp submitted (scancel)")
     p.add_argument("jobs", nargs="*", metavar="JOB", help="job ids")
-    p.add_argument("--all", action="store_true", help="every job of hpcdp's not yet ended")
+    p.add_argument("--all", action="store_true",
+                   help="every job submitted from this checkout not yet ended")
+    p.add_argument("--all-projects", action="store_true",
+                   help="with --all: from every checkout of hpcdp (same user)")
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("env", help="the distributed environment train/ derives in this shell")

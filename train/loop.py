@@ -336,7 +336,7 @@ def _wrap(t: Training, log: Callable[[str], None]) -> None:
 def _resume(t: Training, log: Callable[[str], None]) -> None:
     """Continue from the newest checkpoint in the run folder, if there is one."""
     # Rank 0 picks the checkpoint, so every rank loads the same one (shared file system).
-    newest = checkpoint.latest(t.out_dir) if t.strategy.is_main else None
+    newest = checkpoint.newest_intact(t.out_dir, log) if t.strategy.is_main else None
     found = t.strategy.broadcast_object(str(newest) if newest else None,
                                         name="resume_checkpoint")
     if found is None:

@@ -166,19 +166,23 @@ def warmup_log_steps(header: dict) -> int:
     return value if isinstance(value, int) and value >= 0 else DEFAULT_WARMUP_LOG_STEPS
 
 
-def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
-    """The per-run numbers that need nothing but the run's own metrics."""
-    header = log.header
-    c, order = log.columns, log.order
-    # Steady steps: past the warm-up of the segment that wrote them (a resumed segment warms up
-    # again: allocator, compilation, data loader), as train/loop.py's own summary does.
+def steady_rows(log: MetricsLog) -> list[int]:
+    """Rows of steady steps: past the warm-up of the segment that wrote them (a resumed segment
+    warms up again: allocator, compilation, data loader), as train/loop.py's own summary does."""
     steady_after = []
     for seg in log.segments:
         start = seg.header.get("start_step")
         start = start if isinstance(start, int) else (seg.first_step or 1) - 1
         steady_after.append(start + warmup_log_steps(seg.header))
-    step_of, seg_of = c.step, c.seg
-    steady = [i for i in order if step_of[i] > steady_after[seg_of[i]]]
+    step_of, seg_of = log.columns.step, log.columns.seg
+    return [i for i in log.order if step_of[i] > steady_after[seg_of[i]]]
+
+
+def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
+    """The per-run numbers that need nothing but the run's own metrics."""
+    header = log.header
+    c, order = log.columns, log.order
+    step_of, steady = c.step, steady_rows(log)
     timed = steady or order  # a run shorter than its warm-up: use what there is
 
     def present(column: list, rows: list[int]) -> list[float]:
@@ -199,11 +203,7 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
     cv, drift = stats.steadiness(dts) if steady else (None, None)
     band = (config.get("compare") or {}).get("equivalent_within") if isinstance(
         config.get("compare"), dict) else None
-    settings = {}
-    for key in COMPARED_SETTINGS:
-        section, name = key.split(".")
-        part = config.get(section)
-        settings[key] = part.get(name) if isinstance(part, dict) else None
+    settings = _compared_settings(config)
     return RunResult(
         run_dir=str(run_dir), experiment=header.get("experiment"),
         strategy=header.get("strategy"), nodes=header.get("nodes"),
@@ -232,6 +232,16 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         cpus=_count(header.get("cpus_per_process")), step_cv=cv, step_drift=drift,
         equivalent_within=_number(band), settings=settings,
     )
+
+
+def _compared_settings(config: dict) -> dict:
+    """COMPARED_SETTINGS as a header's config holds them (None where it does not say)."""
+    settings = {}
+    for key in COMPARED_SETTINGS:
+        section, name = key.split(".")
+        part = config.get(section)
+        settings[key] = part.get(name) if isinstance(part, dict) else None
+    return settings
 
 
 def _count(value) -> int | None:

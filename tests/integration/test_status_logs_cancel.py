@@ -66,6 +66,20 @@ def test_status_shows_progress_logs_print_and_cancel_stops_the_job(slurm_cluster
     assert "SIGTERM (preemption or scancel)" in followed
     assert hpcdp("cancel", "--all", cwd=tmp_path).stdout.strip() == (
         "hpcdp: no job of hpcdp's is pending or running")
+    # issue 19, item 8: a job that already ended is named as such, not "cancelled"
+    again = hpcdp("cancel", job_id, cwd=tmp_path).stdout
+    assert f"already ended, nothing to cancel: {job_id} (CANCELLED)" in again
+    assert "cancelled 1 job" not in again
+    # ... and another checkout's job (same user, same registry) is neither shown nor cancelled
+    registry = tmp_path / "state" / "jobs.jsonl"
+    other = {**json.loads(registry.read_text().splitlines()[-1]), "job_id": "999999999",
+             "project": "/elsewhere/hpcdp"}
+    with registry.open("a") as fh:
+        fh.write(json.dumps(other) + "\n")
+    status = hpcdp("status", cwd=tmp_path).stdout
+    assert "(1 job(s) of other checkouts not shown: --all-projects shows them)" in status
+    assert "999999999" not in status
+    assert "999999999" in hpcdp("status", "--all-projects", cwd=tmp_path).stdout
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -77,3 +91,33 @@ def test_jobs_hpcdp_did_not_submit_are_refused_in_one_line(slurm_cluster, tmp_pa
     result = hpcdp(*argv, cwd=tmp_path, check=False)
     assert result.returncode == 2
     assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_ctrl_c_while_waiting_says_the_job_keeps_running(slurm_cluster, tmp_path, monkeypatch):
+    # issue 19, item 7: Ctrl-C stops the following, not the job, and says how to go on
+    import signal
+    import subprocess
+
+    monkeypatch.setenv("HPCDP_STATE_DIR", str(tmp_path / "state"))
+    proc = subprocess.Popen([sys.executable, "-m", "hpcdp", "submit", "--strategy", "single-gpu",
+                             "--out", str(tmp_path / "runs"), "--wait", *LONG], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job_id = None
+    try:
+        for line in proc.stdout:
+            found = re.search(r"submitted job (\d+)", line)
+            if found:
+                job_id = found.group(1)
+                break
+        assert job_id, "no job submitted"
+        time.sleep(2)  # in the follow loop
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130
+        assert f"job(s) {job_id} keep running" in err and f"hpcdp cancel {job_id}" in err
+        assert slurm.query_jobs([job_id])[job_id].source == "squeue"  # still queued or running
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if job_id:
+            slurm.cancel([job_id])

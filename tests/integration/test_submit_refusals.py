@@ -6,11 +6,16 @@ for a job that had not, sbatch's message twice, and files left behind by a refus
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from slurm_jobs import wait_all
+
+from hpcdp import slurm
 
 pytestmark = pytest.mark.slurm
 
@@ -84,3 +89,59 @@ def test_a_refused_resubmission_keeps_the_earlier_runs_files(slurm_cluster, tmp_
                   cwd=tmp_path)
     assert again.returncode == 2
     assert {p.name: p.read_text() for p in run_dir.iterdir()} == before
+
+
+LONG = ["--set", "train.steps=5000", "--set", "train.eval_interval=0",
+        "--set", "train.checkpoint_interval=0", "--set", "data.corpus=synthetic"]
+
+
+def test_two_submits_into_one_run_folder_at_once_one_is_refused(slurm_cluster, tmp_path,
+                                                                 monkeypatch):
+    # issue 19, item 1: both were accepted, both jobs wrote one metrics.jsonl
+    monkeypatch.setenv("HPCDP_STATE_DIR", str(tmp_path / "state"))
+    cmd = [sys.executable, "-m", "hpcdp", "submit", "-s", "single-gpu", "--out",
+           str(tmp_path / "runs"), *LONG]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    submitted = [out for code, out, _ in results if code == 0]
+    try:
+        assert sorted(code for code, _, _ in results) == [0, 2], results
+        job_id = submitted[0].split("submitted job ")[1].split(":")[0]
+        (refusal,) = [err for code, _, err in results if code == 2]
+        (line,) = refusal.strip().splitlines()
+        assert f"already belongs to job {job_id}" in line, line
+    finally:
+        for out in submitted:
+            subprocess.run(["scancel", out.split("submitted job ")[1].split(":")[0]])
+
+
+def test_a_script_sbatched_twice_by_hand_runs_once(slurm_cluster, tmp_path):
+    # issue 19, item 1: the running job holds its run folder's lock; a second job of the same
+    # script stops at once (HPCDP_LOCK_WAIT_S: how long it waits for the lock), naming the first
+    rendered = hpcdp("render", "--strategy", "single-gpu", "--out", str(tmp_path / "runs"),
+                     *LONG, cwd=tmp_path)
+    assert rendered.returncode == 0, rendered.stderr
+    script = Path(rendered.stdout.strip())
+    env = {**os.environ, "HPCDP_LOCK_WAIT_S": "1"}
+
+    def sbatch() -> str:
+        done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
+                              text=True, check=True, cwd=tmp_path, env=env)
+        return done.stdout.strip().split(";")[0]
+
+    first = sbatch()
+    deadline = time.monotonic() + 120
+    owner = script.parent / ".job.owner"
+    while not (owner.exists() and owner.read_text().strip() == first):
+        assert time.monotonic() < deadline, "the first job never took its run folder"
+        time.sleep(0.5)
+    second = sbatch()
+    try:
+        info = wait_all([second], timeout_s=120)[second]
+        assert info.state == "FAILED", info
+        log = (script.parent / f"slurm-{second}.out").read_text()
+        assert f"is in use by job {first}; not starting job {second}" in log
+        assert slurm.query_jobs([first])[first].state == "RUNNING"  # untouched
+    finally:
+        subprocess.run(["scancel", first, second])

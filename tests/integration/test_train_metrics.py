@@ -102,9 +102,10 @@ def test_records_hold_what_the_run_did(run: tuple[Path, str]) -> None:
     assert [e["step"] for e in by_kind["eval"]] == [5, 10]
     assert [c["step"] for c in by_kind["checkpoint"]] == [4, 8, 10]
     assert all(Path(c["path"]).name == f"step-{c['step']:07d}.pt" for c in by_kind["checkpoint"])
-    # Only the two newest checkpoints stay on disk.
+    # Only the two newest checkpoints stay on disk, each with its size and digest record.
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
-        "step-0000008.pt", "step-0000010.pt"]
+        "step-0000008.pt", "step-0000008.pt.sha256", "step-0000010.pt",
+        "step-0000010.pt.sha256"]
     (summary,) = by_kind["summary"]
     assert summary["status"] == "completed" and summary["steps"] == STEPS
     assert summary["final_loss"] == steps[-1]["loss"]

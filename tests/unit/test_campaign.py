@@ -53,6 +53,36 @@ def test_an_unseeded_campaign_draws_a_seed_and_continuing_it_keeps_it(tmp_path):
     assert (again.seed, _keys(again)) == (plan.seed, _keys(plan))
 
 
+def test_a_fresh_campaign_draws_a_new_seed(tmp_path):
+    # issue 19, item 11: --fresh kept the moved-aside campaign's seed
+    plan = _plan(tmp_path)
+    plan.folder.mkdir(parents=True)
+    (plan.folder / campaign.CAMPAIGN_FILE).write_text(json.dumps(plan.record()))
+    profile = config.load_profile("local", {"output_dir": str(tmp_path / "runs")})
+    seeds = {campaign.plan(profile, config.load_experiment("smoke"), fresh=True).seed
+             for _ in range(3)}
+    assert plan.seed not in seeds
+
+
+def test_render_writes_the_whole_campaign_for_plain_sbatch_and_submits_nothing(tmp_path):
+    # issue 19, item 9
+    out = tmp_path / "runs"
+    done = _hpcdp(tmp_path, "compare", "--render", "--out", str(out), "--repeats", "1",
+                  "--set", "matrix.strategies=[single-gpu,distributed-ps]",
+                  "--set", "matrix.nodes=[1,2]")
+    assert done.returncode == 0, done.stderr
+    folder = out / "smoke" / "compare"
+    record = json.loads((folder / "campaign.json").read_text())
+    scripts = [Path(c["run_dir"]) / "job.sbatch"
+               for c in record["baseline"] + record["cells"] + record["baseline_end"]]
+    assert len(scripts) == 3 + 2 and all(p.is_file() for p in scripts)  # 3 cells, 2 probes
+    assert (folder / "campaign.sbatch").is_file()
+    assert f"sbatch {folder / 'campaign.sbatch'}" in done.stdout
+    assert not (folder / "submission.json").exists()  # nothing was submitted
+    for script in [folder / "campaign.sbatch", *scripts]:
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
 def test_the_allocation_is_sized_for_the_largest_cell(tmp_path):
     plan = _plan(tmp_path, cluster="generic-gpu", experiment="paper")
     largest = max(c.nodes for c in plan.cells)
