@@ -320,14 +320,18 @@ def cmd_status(args) -> int:
         print(f"no jobs submitted by hpcdp yet (records: {submit.state_file()})")
         return 0
     _fallback_slurm_env()
+    redraw = args.watch and not args.json and sys.stdout.isatty()
     while True:
         infos = slurm.query_jobs([r["job_id"] for r in records])  # one call for all jobs
+        if redraw:
+            print("\033[H\033[J", end="")  # a terminal: draw the table again in place
         _print_status(records, infos, as_json=args.json)
         if not args.watch or all(slurm.has_ended(i, infos.accounting_available)
                                  for i in infos.values()):
             return 0
         time.sleep(args.watch)
-        print()
+        if not redraw:
+            print()
 
 
 def _record_of(job_id: str, records: list[dict]) -> dict:
@@ -407,7 +411,7 @@ def _print_status(records: list[dict], infos, as_json: bool) -> None:
     rows, lines = [], []
     for record in records:
         info = infos.get(record["job_id"])
-        done = progress.of_run_dir(Path(record["run_dir"]))
+        done = progress.of_run_dir(Path(record["run_dir"]), record["job_id"])
         lines.append(done.line() if done else None)
         rows.append({**record, "state": info.state if info else "UNKNOWN",
                      "reason": info.reason if info else None,

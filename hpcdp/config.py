@@ -360,8 +360,10 @@ class Matrix:
 class CompareConfig:
     """`hpcdp compare`: every cell of the matrix, repeated, in one allocation."""
 
-    repeats: int = 3
-    """Runs of each (strategy, nodes) cell: medians and intervals need more than one."""
+    repeats: int = 5
+    """Runs of each (strategy, nodes) cell. 5: the fewest from which the exact test can call
+    one of up to six strategies faster than every other (Holm over five comparisons needs
+    p <= 0.01; 5 vs 5 runs reach 0.008); calibration in docs/compare.md."""
     order: Literal["shuffled", "as-listed"] = "shuffled"
     """Either way each repeat is one round of every cell. shuffled: each round in its own
     random order (one seed, recorded), so that no strategy always runs first or last;

@@ -111,26 +111,47 @@ def of_metrics(path: Path) -> Progress | None:
 
 
 def of_campaign(folder: Path) -> Progress | None:
-    """The running (or last) cell of a campaign folder, as cell k of N."""
+    """The running (or last) cell of a campaign folder, as cell k of N, counted as the
+    campaign's log counts them: the network probes first, then the cells, then the end probes."""
     try:
-        cells = json.loads((folder / "campaign.json").read_text())["cells"]
+        record = json.loads((folder / "campaign.json").read_text())
+        order = record.get("baseline", []) + record["cells"] + record.get("baseline_end", [])
         done = (folder / "cells.done").read_text() if (folder / "cells.done").exists() else ""
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not cells:
+    if not order:
         return None
-    # cells.done: one "cell KEY EXIT_CODE" line per cell that ran to its end.
-    finished = {parts[1] for parts in map(str.split, done.splitlines())
-                if len(parts) == 3 and parts[0] == "cell"}
-    current = next((i for i, c in enumerate(cells) if c["key"] not in finished), len(cells) - 1)
-    cell = cells[current]
+    # cells.done: "cell KEY EXIT_CODE" per cell that ran to its end, "failed KEY EXIT_CODE" for
+    # a first attempt that failed (retried at the end of its round): both are behind us.
+    attempted = {parts[1] for parts in map(str.split, done.splitlines())
+                 if len(parts) == 3 and parts[0] in ("cell", "failed")}
+    current = next((i for i, c in enumerate(order) if c["key"] not in attempted), len(order) - 1)
+    cell = order[current]
     inner = of_metrics(Path(cell["run_dir"]) / "metrics.jsonl")
-    label = f"{current + 1}/{len(cells)} {cell['key']}"
+    label = f"{current + 1}/{len(order)} {cell['key']}"
     return dataclasses.replace(inner or Progress(0, 0, None, None, None), cell=label)
 
 
-def of_run_dir(run_dir: Path) -> Progress | None:
+def _campaign_of_job(folder: Path, job_id: str | None) -> Path | None:
+    """The folder holding the campaign of `job_id`: `folder` itself, or, when `--fresh` moved
+    that campaign aside and a new one took its place, the moved folder (compare.old-TIME)."""
+    def job_of(path: Path) -> str | None:
+        try:
+            return str(json.loads((path / "submission.json").read_text()).get("job_id"))
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    if job_id is None or job_of(folder) in (None, job_id):
+        return folder
+    for moved in sorted(folder.parent.glob(f"{folder.name}.old-*")):
+        if job_of(moved) == job_id:
+            return moved
+    return None
+
+
+def of_run_dir(run_dir: Path, job_id: str | None = None) -> Progress | None:
     """What `hpcdp status` shows for a job's run folder (a cell's or a campaign's)."""
     if (run_dir / "campaign.json").exists():
-        return of_campaign(run_dir)
+        folder = _campaign_of_job(run_dir, job_id)
+        return of_campaign(folder) if folder else None
     return of_metrics(run_dir / "metrics.jsonl")

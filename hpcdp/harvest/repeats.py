@@ -41,7 +41,8 @@ class Cell:
     source: str = ""
     """Its campaign's folder, or "" for separate jobs."""
     failed: int = 0
-    """Runs of this cell that did not finish (a campaign retried them once)."""
+    """Attempts of this cell that did not finish (a campaign retried each once: a failed
+    attempt whose retry finished is counted here and its retry among the runs)."""
     median: float = 0.0
     interval: stats.Interval | None = None
     """The 95% interval of the median, or the range where the runs are too few for one."""

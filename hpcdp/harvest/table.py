@@ -346,9 +346,12 @@ def _fill_group(group: list[RunResult], target_loss: float | None, name_of) -> f
     for runs in same.values():
         chosen = _preferred(runs)
         for r in runs:
-            if r is not chosen:  # a campaign's repeats are meant to be alike
-                what = "repeat of" if Path(r.run_dir).name.startswith("repeat-") else \
-                    "same configuration as"
+            name = Path(r.run_dir).name
+            if ".failed" in name:  # hpcdp compare set a failed attempt aside and retried it
+                retry = Path(r.run_dir).with_name(name.split(".failed")[0])
+                r.notes.append(f"failed attempt, retried as {retry.name}; not a repeat")
+            elif r is not chosen:  # a campaign's repeats are meant to be alike
+                what = "repeat of" if name.startswith("repeat-") else "same configuration as"
                 r.notes.append(f"{what} {name_of(chosen)}")
     measured = [r for r in group if r.tokens_per_s is not None]
     baselines = [r for r in measured if r.nodes == 1 and r.strategy == BASELINE_STRATEGY

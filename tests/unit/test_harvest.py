@@ -821,3 +821,15 @@ def test_a_campaign_cell_counts_its_own_restarts_not_the_campaigns(tmp_path):
     assert runs["repeat-1"].restarts == 0 and runs["repeat-2"].restarts == 1
     assert not any("requeued" in n for n in runs["repeat-1"].notes)
     assert "requeued/resumed 1x (2 segments)" in runs["repeat-2"].notes
+
+
+def test_a_failed_attempt_that_was_retried_is_counted_as_failed_not_as_a_repeat(tmp_path):
+    root = _campaign(tmp_path, {("single-gpu", 1): [1000.0, 1001.0]})
+    attempt = [header("single-gpu", 1, 1, steps=5), step(1, 4.0, 100, 1)]  # died at step 1
+    write_run(root / "single-gpu-1n" / "repeat-2.failed", attempt)
+    result = harvest.collect([root], query_slurm=False, now=T0 + 10_000)
+    (cell,) = result.cells
+    assert (len(cell.runs), cell.failed) == (2, 1)
+    failed = next(r for r in result.runs if r.run_dir.endswith("repeat-2.failed"))
+    assert "failed attempt, retried as repeat-2; not a repeat" in failed.notes
+    assert "2 (1 failed)" in harvest.render(result, "table")

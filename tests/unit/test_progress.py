@@ -73,6 +73,29 @@ def test_a_campaign_shows_the_first_cell_not_done(tmp_path):
     assert progress.of_run_dir(tmp_path).line() == "cell 3/3 c2: 0/0"
 
 
+def test_a_campaign_counts_its_probes_as_its_log_does_and_skips_a_failed_attempt(tmp_path):
+    # issue 19, item 12: x/6 where the log said x/7; a failed first attempt is behind us
+    entry = lambda key: {"key": key, "run_dir": str(tmp_path / key)}  # noqa: E731
+    record = {"baseline": [entry("baseline-ddp-2n")], "cells": [entry("a"), entry("b")],
+              "baseline_end": [entry("baseline-end-ddp-2n")]}
+    (tmp_path / "campaign.json").write_text(json.dumps(record))
+    (tmp_path / "cells.done").write_text("cell baseline-ddp-2n 0\nfailed a 1\n")
+    assert progress.of_run_dir(tmp_path).cell == "3/4 b"
+
+
+def test_a_campaign_moved_aside_by_fresh_is_read_where_it_went(tmp_path):
+    old, new = tmp_path / "compare.old-20261202-010000", tmp_path / "compare"
+    for folder, job, done in ((old, "11", "cell c0 0\n"), (new, "22", "")):
+        cells = [{"key": f"c{i}", "run_dir": str(folder / f"c{i}")} for i in range(2)]
+        folder.mkdir()
+        (folder / "campaign.json").write_text(json.dumps({"cells": cells}))
+        (folder / "cells.done").write_text(done)
+        (folder / "submission.json").write_text(json.dumps({"job_id": job}))
+    assert progress.of_run_dir(new, "11").cell == "2/2 c1"  # the old job's own campaign
+    assert progress.of_run_dir(new, "22").cell == "1/2 c0"
+    assert progress.of_run_dir(new, "33") is None  # neither: say nothing rather than misread
+
+
 def test_durations_read_like_a_clock():
     assert [progress.format_duration(s) for s in (0, 59.6, 61, 3600, 7322)] == [
         "0s", "1m00s", "1m01s", "1h00m", "2h02m"]
