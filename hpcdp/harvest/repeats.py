@@ -13,6 +13,7 @@ failed.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -456,7 +457,9 @@ def source_label(source: str, campaign: dict | None = None) -> str:
            "nodes NOT exclusive: other jobs may have shared them" if exclusive is False else
            "exclusive not recorded")
     malloc = campaign.get("malloc")
-    return f"campaign {source} ({how}{f', malloc {malloc}' if malloc else ''})"
+    shown = os.path.relpath(source)  # as the user typed it, where it is under the cwd
+    shown = source if shown.startswith("..") else shown
+    return f"campaign {shown} ({how}{f', malloc {malloc}' if malloc else ''})"
 
 
 def render_text(cells: list[Cell], markdown: bool = False,
