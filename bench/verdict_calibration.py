@@ -12,11 +12,12 @@ bench counts:
   equiv   verdicts that say "equivalent" (at effect 0 that is the right answer; at 5% and
           10% it would be wrong)
 
-Noise models, each a per-run coefficient of variation (CV):
-  measured   Gaussian, the CV measured on the local cluster (--from a campaign folder: the
-             median per-cell CV of its runs; else MEASURED_CV, recorded in docs/compare.md)
+Noise models, each a per-run coefficient of variation (CV): the one measured on the local
+cluster (--from a campaign folder: the median per-cell CV of its runs), or --cv, else
+MEASURED_CV (recorded in docs/compare.md):
+  gaussian   Gaussian with that CV
   heavy      Student t with 3 degrees of freedom, scaled to the same CV (heavier tails)
-  outliers   the measured Gaussian, and one run in ten slowed by 25% (a neighbour, a slow node)
+  outliers   the Gaussian, and one run in ten slowed by 25% (a neighbour, a slow node)
 
 Prints one table per noise model and the smallest n that detects a 5% difference with 80%
 power under the measured noise.
@@ -115,8 +116,8 @@ def main() -> int:
           f"{cv:.2%}; false: a wrong 'faster' call, power: the right one, equiv: 'equivalent'")
     detect_5 = None
     worst_false = 0.0
-    for model in ("measured", "heavy", "outliers"):
-        print(f"\nnoise: {model}")
+    for model in ("gaussian", "heavy", "outliers"):
+        print(f"\nnoise: {model} (CV {cv:.2%})")
         head = ["n", "false@0%", "equiv@0%"] + [f"{k}@{e:.0%}" for e in EFFECTS[1:]
                                                 for k in ("power", "false")]
         print("| " + " | ".join(head) + " |")
@@ -140,12 +141,12 @@ def main() -> int:
                     row += [share(false), share(equiv)]
                 else:
                     row += [share(power), share(false)]
-                if model == "measured" and effect == 0.05 and detect_5 is None \
+                if model == "gaussian" and effect == 0.05 and detect_5 is None \
                         and power >= 0.8 * args.campaigns:
                     detect_5 = n
             print("| " + " | ".join(row) + " |")
     print(f"\nlargest false-call rate in any row: {worst_false:.1%} (target: at most 5%)")
-    print("smallest n detecting a 5% difference with 80% power (measured noise, "
+    print("smallest n detecting a 5% difference with 80% power (gaussian noise, "
           f"{args.cells} strategies): {detect_5 if detect_5 else 'more than 10'}")
     return 0
 

@@ -83,7 +83,7 @@ def throughput_vs_nodes(results: list[RunResult], path: Path) -> Path:
     if nodes:
         ax.set_xticks(nodes)
     ax.set_xlabel("nodes")
-    ax.set_ylabel("throughput (tokens/s, median of steady steps; runs: median, 95% CI)")
+    ax.set_ylabel("tokens/s (median of steady steps; runs: median, 95% interval or range)")
     ax.set_title("Throughput vs nodes (dotted: linear scaling from 1 node)")
     ax.grid(True, alpha=0.3)
     if groups:
