@@ -242,6 +242,10 @@ def cmd_compare(args) -> int:
     for note in plan.notes:  # how the one allocator of every cell was chosen
         print(note, file=sys.stderr)
     experiment = plan.experiment
+    from hpcdp import estimate
+
+    for line in estimate.lines(plan, profile, experiment):  # will its time limit cover it?
+        print(line, file=sys.stderr)
     if args.dry_run:
         print(f"# would submit: sbatch {plan.job.script_path}  ({len(plan.cells)} cells; "
               "nothing written, nothing submitted)")

@@ -316,3 +316,38 @@ def test_golden_campaign_script(tmp_path):
                                             str(path), "rendered"))
         pytest.fail(f"rendered campaign differs from {path}:\n{diff}\nIf intended, regenerate: "
                     "HPCDP_REGENERATE_GOLDEN=1 python -m pytest tests/unit/test_campaign.py")
+
+
+def test_the_campaign_says_how_long_it_takes_and_warns_when_the_limit_cannot_cover_it(tmp_path):
+    # issue 19, item 10: 70 cells of 5,000 GPT-2 steps asked for 04:00:00 and said nothing
+    args = ("compare", "--experiment", "paper", "--cluster", "generic-gpu", "--dry-run")
+    unknown = _hpcdp(tmp_path, *args)
+    assert "no estimate for 70 of 70 cells" in unknown.stderr and "cluster.gpu_type" in \
+        unknown.stderr
+    a100 = _hpcdp(tmp_path, *args, "--set", "cluster.gpu_type=a100")
+    assert a100.returncode == 0, a100.stderr
+    assert "from FLOPs at 30% of the peak" in a100.stderr
+    assert "hpcdp: warning: the campaign needs about" in a100.stderr
+    assert "more than cluster.time_limit 04:00:00 with 3 requeues" in a100.stderr
+    roomy = _hpcdp(tmp_path, *args, "--set", "cluster.gpu_type=a100",
+                   "--set", "cluster.time_limit=2-00:00:00")
+    assert "warning" not in roomy.stderr and "campaign duration: about" in roomy.stderr
+
+
+def test_earlier_runs_of_the_same_cells_give_the_step_time(tmp_path):
+    from hpcdp import estimate
+
+    plan = _plan(tmp_path, compare={"repeats": 1}, matrix={"strategies": ["single-gpu"],
+                                                          "nodes": [1]})
+    exp = plan.experiment
+    earlier = plan.folder.parent / "old" / "metrics.jsonl"
+    earlier.parent.mkdir(parents=True)
+    header = {"kind": "header", "strategy": "single-gpu", "nodes": 1, "world_size": 1,
+              "config": {"model": {"preset": exp.model.preset},
+                         "train": {"seq_len": exp.train.seq_len,
+                                   "micro_batch_size": exp.train.micro_batch_size}}}
+    summary = {"kind": "summary", "step_time_s_median": 2.0}
+    earlier.write_text(json.dumps(header) + "\n" + json.dumps(summary) + "\n")
+    guess = estimate.campaign(plan, config.load_profile("local"), exp)
+    assert guess.how == "earlier runs of these cells"
+    assert guess.seconds == pytest.approx(exp.train.steps * 2.0 + estimate.START_UP_S)
