@@ -19,6 +19,20 @@ def did_you_mean(value: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def positive_number(text: str, error: str) -> float:
+    """`text` as a positive finite number, else UsageError(error): one rule for every number a
+    user types into an option or an environment variable."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(error)
+    return value
+
+
 def one_line(text: str) -> str:
     """Collapse line breaks so that a message stays one line even when it quotes bad input
     (every separator str.splitlines knows: \r, \v, \x1c-\x1e, \u2028, ...)."""

@@ -54,10 +54,9 @@ def flops_per_token(experiment: Experiment) -> float:
 def _peak(profile: ClusterProfile, precision: str) -> float | None:
     override = os.environ.get("HPCDP_PEAK_FLOPS")
     if override:
-        try:
-            return float(override)
-        except ValueError:
-            return None
+        from train.metrics import _peak_flops_override  # the same one-line error as train/
+
+        return _peak_flops_override(override)
     if not profile.gpu_type:
         return None
     from train.metrics import PEAK_FLOPS  # a plain table: no torch

@@ -17,7 +17,6 @@ ranks, comparable across rank counts and with the link's speed.
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import time
@@ -29,7 +28,7 @@ import torch
 from hpcdp import distenv
 from hpcdp import strategies as registry
 from hpcdp.config import Experiment
-from hpcdp.errors import UsageError, one_line
+from hpcdp.errors import one_line, positive_number
 from train.data import expected_vocab_size
 from train.model import build_model
 from train.strategies import Strategy, create
@@ -61,13 +60,9 @@ def max_bytes(environ=os.environ) -> int | None:
     text = environ.get(MAX_MB_ENV, "").strip()
     if not text:
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"{MAX_MB_ENV}={one_line(text)!r} is not valid: give the largest "
-                         "message of the network probe in MiB, e.g. 4, or leave it unset")
+    value = positive_number(text, f"{MAX_MB_ENV}={one_line(text)!r} is not valid: give the "
+                            "largest message of the network probe in MiB, e.g. 4, or leave it "
+                            "unset")
     return int(value * MiB)
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpcdp.errors import UsageError, one_line
+from hpcdp.errors import one_line, positive_number
 
 # Dense peak FLOP/s per device for the precisions the strategies train in (vendor datasheets,
 # SXM parts, no sparsity). fp32 means plain fp32 (not TF32). Matched against the device name.
@@ -42,14 +42,8 @@ def peak_flops(device_name: str, precision: str) -> float | None:
 
 def _peak_flops_override(text: str) -> float:
     """HPCDP_PEAK_FLOPS as a positive finite number, else one line saying what is wanted."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"HPCDP_PEAK_FLOPS={one_line(text)!r} is not valid: give the peak "
-                         "FLOP/s of one device as a positive number, e.g. 3.12e14")
-    return value
+    return positive_number(text, f"HPCDP_PEAK_FLOPS={one_line(text)!r} is not valid: give the "
+                           "peak FLOP/s of one device as a positive number, e.g. 3.12e14")
 
 
 def _finite(value: Any) -> Any:

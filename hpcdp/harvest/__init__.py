@@ -10,7 +10,6 @@ No torch; matplotlib only when plots are written. Columns and rules: docs/harves
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections.abc import Mapping
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcdp import slurm
-from hpcdp.errors import UsageError, did_you_mean, one_line
+from hpcdp.errors import UsageError, did_you_mean, one_line, positive_number
 from hpcdp.harvest import repeats
 from hpcdp.harvest.read import (
     MetricsLog,
@@ -288,13 +287,8 @@ def write_outputs(result: Harvest, out_dir: Path, plots: bool = True) -> list[Pa
 def _target(text: str | None) -> float | None:
     if text is None:
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"--target-loss {one_line(text)!r} must be a positive number, e.g. 3.5")
-    return value
+    return positive_number(text, f"--target-loss {one_line(text)!r} must be a positive number, "
+                           "e.g. 3.5")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
