@@ -539,26 +539,8 @@ def _add_submitting_commands(sub) -> None:
     p.set_defaults(func=cmd_compare)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog=CLI_NAME, description="Data-parallel GPT-2 pre-training on Slurm.")
-    parser.add_argument("--version", action="version", version=f"hpcdp {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
-
-    p = sub.add_parser("render", help="write sbatch scripts (one, or the experiment's matrix)")
-    _add_selection(p)
-    p.add_argument("--scripts-dir", help="write scripts here (named EXPERIMENT-STRATEGY-Nn.sbatch) "
-                                         "instead of into each run directory")
-    p.add_argument("--stdout", action="store_true", help="print the scripts, write nothing")
-    p.set_defaults(func=cmd_render)
-
-    _add_submitting_commands(sub)
-
-    p = sub.add_parser("run", help="train on this machine as local processes, without Slurm")
-    _add_selection(p)
-    p.add_argument("--ranks", type=positive_int, help="processes for one-per-device strategies "
-                                            "(default: the profile's devices per node)")
-    p.set_defaults(func=cmd_run)
-
+def _add_job_commands(sub) -> None:
+    """`status`, `logs`, `cancel`: the jobs hpcdp submitted (its job registry)."""
     p = sub.add_parser("status", help="states of the jobs hpcdp submitted (one Slurm query)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--last", type=positive_int, default=20,
@@ -583,6 +565,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-projects", action="store_true",
                    help="with --all: from every checkout of hpcdp (same user)")
     p.set_defaults(func=cmd_cancel)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog=CLI_NAME, description="Data-parallel GPT-2 pre-training on Slurm.")
+    parser.add_argument("--version", action="version", version=f"hpcdp {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+
+    p = sub.add_parser("render", help="write sbatch scripts (one, or the experiment's matrix)")
+    _add_selection(p)
+    p.add_argument("--scripts-dir", help="write scripts here (named EXPERIMENT-STRATEGY-Nn.sbatch) "
+                                         "instead of into each run directory")
+    p.add_argument("--stdout", action="store_true", help="print the scripts, write nothing")
+    p.set_defaults(func=cmd_render)
+
+    _add_submitting_commands(sub)
+
+    p = sub.add_parser("run", help="train on this machine as local processes, without Slurm")
+    _add_selection(p)
+    p.add_argument("--ranks", type=positive_int, help="processes for one-per-device strategies "
+                                            "(default: the profile's devices per node)")
+    p.set_defaults(func=cmd_run)
+
+    _add_job_commands(sub)
 
     p = sub.add_parser("env", help="the distributed environment train/ derives in this shell")
     p.add_argument("--json", action="store_true")

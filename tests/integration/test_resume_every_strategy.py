@@ -32,8 +32,9 @@ CELLS = [
     ("horovod", 2, "mpi"),
     ("horovod", 2, "gloo"),
     ("horovod-apex", 2, "mpi"),
-    ("horovod-apex", 2, "gloo"),
 ]
+# horovod-apex over Gloo is left out (the suite must stay under 25 minutes): mixed precision and
+# the Gloo controller are each resumed above, and test_horovod_slurm.py trains them together.
 
 
 def _losses(recs: list[dict], kind: str, field: str) -> dict[int, float]:
