@@ -457,9 +457,13 @@ def source_label(source: str, campaign: dict | None = None) -> str:
            "nodes NOT exclusive: other jobs may have shared them" if exclusive is False else
            "exclusive not recorded")
     malloc = campaign.get("malloc")
-    shown = os.path.relpath(source)  # as the user typed it, where it is under the cwd
-    shown = source if shown.startswith("..") else shown
-    return f"campaign {shown} ({how}{f', malloc {malloc}' if malloc else ''})"
+    return f"campaign {_shown(source)} ({how}{f', malloc {malloc}' if malloc else ''})"
+
+
+def _shown(source: str) -> str:
+    """A campaign folder as the user typed it, where it is under the cwd."""
+    shown = os.path.relpath(source)
+    return source if shown.startswith("..") else shown
 
 
 def render_text(cells: list[Cell], markdown: bool = False,
@@ -475,9 +479,9 @@ def render_text(cells: list[Cell], markdown: bool = False,
              "median, 4 per side for a ratio); speed-up and scaling as Hodges-Lehmann ratios "
              "with exact 95% intervals; * a run that did not settle."]
     if len(sources) > 1:
+        names = ["separate jobs" if not s else f"campaign {_shown(s)}" for s in sources]
         lines += ["", f"{len(sources)} sources here, each shown and judged on its own (never "
-                      "pooled): " + "; ".join(source_label(s, campaigns.get(s)) or "-"
-                                              for s in sources)]
+                      "pooled): " + "; ".join(names)]
     for source in sources:
         mine = [c for c in cells if c.source == source]
         lines += ["", f"Source: {source_label(source, campaigns.get(source))}", ""]
