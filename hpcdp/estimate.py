@@ -8,7 +8,7 @@ HPCDP_MAX_REQUEUES times). Each cell's step time comes, in this order, from:
   under the experiment's output folder: the median step time its summary recorded;
 - the model's training FLOPs per step (6N + 12 L d T per token, Kaplan et al.) over the
   devices' peak at ASSUMED_MFU, where the peak is known: `cluster.gpu_type` naming a GPU of
-  train/metrics.py's table, or HPCDP_PEAK_FLOPS (FLOP/s per device);
+  hpcdp/peaks.py's table, or HPCDP_PEAK_FLOPS (FLOP/s per device);
 
 else the cell has no estimate, and the campaign says so. No torch: the CLI calls this.
 """
@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcdp import peaks
 from hpcdp.config import MODEL_PRESETS, ClusterProfile, Experiment
 
 ASSUMED_MFU = 0.3
@@ -52,18 +53,8 @@ def flops_per_token(experiment: Experiment) -> float:
 
 
 def _peak(profile: ClusterProfile, precision: str) -> float | None:
-    override = os.environ.get("HPCDP_PEAK_FLOPS")
-    if override:
-        from train.metrics import _peak_flops_override  # the same one-line error as train/
-
-        return _peak_flops_override(override)
-    if not profile.gpu_type:
-        return None
-    from train.metrics import PEAK_FLOPS  # a plain table: no torch
-
-    for name, table in PEAK_FLOPS.items():
-        if name in profile.gpu_type.upper():
-            return table.get(precision)
+    if os.environ.get(peaks.OVERRIDE) or profile.gpu_type:
+        return peaks.peak_flops(profile.gpu_type or "", precision)
     return None
 
 

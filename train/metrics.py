@@ -9,41 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpcdp.errors import one_line, positive_number
-
-# Dense peak FLOP/s per device for the precisions the strategies train in (vendor datasheets,
-# SXM parts, no sparsity). fp32 means plain fp32 (not TF32). Matched against the device name.
-PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "H200": {"fp32": 67e12, "fp16": 989e12, "bf16": 989e12},
-    "H100": {"fp32": 67e12, "fp16": 989e12, "bf16": 989e12},
-    "A100": {"fp32": 19.5e12, "fp16": 312e12, "bf16": 312e12},
-    "V100": {"fp32": 15.7e12, "fp16": 125e12, "bf16": None},  # no bf16 on V100
-}
-
-
-def peak_flops(device_name: str, precision: str) -> float | None:
-    """Peak FLOP/s of one device, or None when unknown (CPUs, unlisted GPUs).
-
-    HPCDP_PEAK_FLOPS (a number, FLOP/s per device) overrides the table, e.g. for a CPU node.
-    """
-    override = os.environ.get("HPCDP_PEAK_FLOPS")
-    if override:
-        return _peak_flops_override(override)
-    for key, table in PEAK_FLOPS.items():
-        if key in device_name.upper():
-            return table.get(precision)
-    return None
-
-
-def _peak_flops_override(text: str) -> float:
-    """HPCDP_PEAK_FLOPS as a positive finite number, else one line saying what is wanted."""
-    return positive_number(text, f"HPCDP_PEAK_FLOPS={one_line(text)!r} is not valid: give the "
-                           "peak FLOP/s of one device as a positive number, e.g. 3.12e14")
+from hpcdp.peaks import PEAK_FLOPS, peak_flops  # noqa: F401 - the MFU's table, shared with hpcdp
 
 
 def _finite(value: Any) -> Any:

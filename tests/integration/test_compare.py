@@ -103,7 +103,7 @@ def test_one_job_runs_every_cell_in_turn_and_harvest_gives_intervals(slurm_clust
 
 def test_a_requeued_campaign_skips_finished_cells(slurm_cluster, tmp_path):
     job_id, folder = _compare(tmp_path, "--repeats", "2", *sets(
-        "matrix.strategies=[single-gpu,distributed-ps]", "matrix.nodes=[1]", "train.steps=30",
+        "matrix.strategies=[single-gpu,distributed-ps]", "matrix.nodes=[1]", "train.steps=20",
         "train.eval_interval=0", "train.checkpoint_interval=5"))
     done_file = folder / "cells.done"
     deadline = time.monotonic() + 300

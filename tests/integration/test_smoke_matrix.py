@@ -22,10 +22,10 @@ def has_horovod() -> bool:
 
 
 def test_smoke_matrix_then_harvest(slurm_cluster, tmp_path):
-    # One of each launch and transport (the -apex and single-ps cells add process starts, not
-    # paths: they are trained in test_resume_every_strategy.py and test_train_strategies.py).
+    # One of each launch (the other cells add process starts, not paths: they are trained in
+    # test_resume_every_strategy.py, test_train_strategies.py and test_horovod_slurm.py).
     strategies = [s for s in config.load_experiment("smoke").matrix.strategies
-                  if s in ("single-gpu", "distributed-ps", "horovod")]
+                  if s in ("single-gpu", "distributed-ps")]
     if not has_horovod():  # the Horovod cells are covered by test_horovod_slurm.py where it is
         strategies = [s for s in strategies if not s.startswith("horovod")]
     runs = tmp_path / "runs"

@@ -90,8 +90,9 @@ def losses(recs: list[dict], kind: str = "step", field: str = "loss") -> dict[in
     return {r["step"]: r[field] for r in recs if r["kind"] == kind}
 
 
+# One process stopping and resuming is in test_resume_every_strategy.py (single-gpu, single-ps);
+# here two ranks, only one of them signalled, must agree to stop.
 @pytest.mark.parametrize(("strategy", "procs", "signal_one_rank"), [
-    ("single-gpu", 1, False),
     ("distributed-ps", 2, True),
 ])
 def test_stop_and_resume_gives_the_uninterrupted_losses(

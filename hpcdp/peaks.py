@@ -1,0 +1,38 @@
+"""Dense peak FLOP/s per device, for the MFU train/ reports and the campaign estimate hpcdp
+makes before submitting (no torch: both sides read it)."""
+
+from __future__ import annotations
+
+import os
+
+from hpcdp.errors import one_line, positive_number
+
+# Vendor datasheets, SXM parts, no sparsity, for the precisions the strategies train in. fp32
+# means plain fp32 (not TF32). Matched against the device name (or cluster.gpu_type).
+PEAK_FLOPS: dict[str, dict[str, float | None]] = {
+    "H200": {"fp32": 67e12, "fp16": 989e12, "bf16": 989e12},
+    "H100": {"fp32": 67e12, "fp16": 989e12, "bf16": 989e12},
+    "A100": {"fp32": 19.5e12, "fp16": 312e12, "bf16": 312e12},
+    "V100": {"fp32": 15.7e12, "fp16": 125e12, "bf16": None},  # no bf16 on V100
+}
+OVERRIDE = "HPCDP_PEAK_FLOPS"
+
+
+def peak_flops(device_name: str, precision: str) -> float | None:
+    """Peak FLOP/s of one device, or None when unknown (CPUs, unlisted GPUs).
+
+    HPCDP_PEAK_FLOPS (a number, FLOP/s per device) overrides the table, e.g. for a CPU node.
+    """
+    override = os.environ.get(OVERRIDE)
+    if override:
+        return peak_flops_override(override)
+    for key, table in PEAK_FLOPS.items():
+        if key in device_name.upper():
+            return table.get(precision)
+    return None
+
+
+def peak_flops_override(text: str) -> float:
+    """HPCDP_PEAK_FLOPS as a positive finite number, else one line saying what is wanted."""
+    return positive_number(text, f"{OVERRIDE}={one_line(text)!r} is not valid: give the peak "
+                                 "FLOP/s of one device as a positive number, e.g. 3.12e14")
