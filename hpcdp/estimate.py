@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcdp import peaks
+from hpcdp import peaks, progress
 from hpcdp.config import MODEL_PRESETS, ClusterProfile, Experiment
 
 ASSUMED_MFU = 0.3
@@ -62,9 +62,9 @@ def _earlier_step_times(root: Path, experiment: Experiment) -> dict[tuple, float
     """(strategy, nodes, world) -> median step time of the newest finished run like it."""
     found: dict[tuple, tuple[float, float]] = {}
     for metrics in root.rglob("metrics.jsonl") if root.is_dir() else []:
-        try:
-            lines = metrics.read_text().splitlines()
-            header, summary = json.loads(lines[0]), json.loads(lines[-1])
+        try:  # the first line and the last 64 KB, as `hpcdp status` reads them
+            head, tail = progress.head_and_tail(metrics)
+            header, summary = json.loads(head), json.loads(tail.splitlines()[-1])
         except (OSError, ValueError, IndexError):
             continue
         config = header.get("config") or {}

@@ -67,7 +67,7 @@ def _records(text: str) -> list[dict]:
     return out
 
 
-def _head_and_tail(path: Path) -> tuple[str, str]:
+def head_and_tail(path: Path) -> tuple[str, str]:
     with path.open("rb") as f:
         head = f.readline().decode("utf-8", "replace")
         size = f.seek(0, 2)
@@ -79,7 +79,7 @@ def _head_and_tail(path: Path) -> tuple[str, str]:
 def of_metrics(path: Path) -> Progress | None:
     """Progress of one run's metrics.jsonl; None when it has no header yet."""
     try:
-        head, tail = _head_and_tail(path)
+        head, tail = head_and_tail(path)
     except OSError:
         return None
     records = _records(tail)

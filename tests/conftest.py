@@ -44,6 +44,26 @@ def slurm_cluster() -> Iterator[Path]:
 
 
 @pytest.fixture
+def matches_golden():
+    """check(text, path, regenerate): `text` equals the golden file at `path`, or the test
+    fails with the diff and the command that regenerates it (HPCDP_REGENERATE_GOLDEN=1 writes
+    it first)."""
+    import difflib
+
+    def check(text: str, path: Path, regenerate: str) -> None:
+        if os.environ.get("HPCDP_REGENERATE_GOLDEN"):
+            path.write_text(text)
+        expected = path.read_text()
+        if text != expected:
+            diff = "".join(difflib.unified_diff(expected.splitlines(True),
+                                                text.splitlines(True), str(path), "rendered"))
+            pytest.fail(f"rendered script differs from {path}:\n{diff}\nIf the change is "
+                        f"intended, regenerate with: {regenerate}")
+
+    return check
+
+
+@pytest.fixture
 def weird_tmp_path(tmp_path: Path) -> Path:
     """A fresh directory whose name holds a space, quotes, $(...), a backtick, ';' and echo."""
     path = tmp_path / WEIRD_NAME

@@ -292,9 +292,8 @@ def test_a_campaign_requeued_between_a_failure_and_its_retry_retries_it(tmp_path
     assert log.rstrip().endswith("2 cells, 1 retried, 0 failed")
 
 
-def test_golden_campaign_script(tmp_path):
+def test_golden_campaign_script(tmp_path, matches_golden):
     """The whole campaign script of a small matrix, as review sees it."""
-    import difflib
 
     profile = config.load_profile("local", {"python": "/opt/venv/bin/python"})
     exp = config.load_experiment("smoke", {"matrix": {"strategies": ["ddp", "horovod"],
@@ -307,15 +306,8 @@ def test_golden_campaign_script(tmp_path):
     finally:
         os.chdir(old)
     text = text.replace(str(tmp_path), "/WORKDIR")
-    path = Path(__file__).parent.parent / "golden" / "campaign@local.sbatch"
-    if os.environ.get("HPCDP_REGENERATE_GOLDEN"):
-        path.write_text(text)
-    expected = path.read_text()
-    if text != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
-                                            str(path), "rendered"))
-        pytest.fail(f"rendered campaign differs from {path}:\n{diff}\nIf intended, regenerate: "
-                    "HPCDP_REGENERATE_GOLDEN=1 python -m pytest tests/unit/test_campaign.py")
+    matches_golden(text, Path(__file__).parent.parent / "golden" / "campaign@local.sbatch",
+                   "HPCDP_REGENERATE_GOLDEN=1 python -m pytest tests/unit/test_campaign.py")
 
 
 def test_the_campaign_says_how_long_it_takes_and_warns_when_the_limit_cannot_cover_it(tmp_path):

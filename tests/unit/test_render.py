@@ -1,6 +1,5 @@
 """Rendering: golden scripts per strategy, shell syntax, quoting, and that the CLI stays light."""
 
-import difflib
 import os
 import subprocess
 import sys
@@ -39,17 +38,9 @@ def test_golden_names_match_the_registry():
 
 
 @pytest.mark.parametrize("strategy,nodes,cluster", CASES)
-def test_golden_script(strategy, nodes, cluster, tmp_path):
+def test_golden_script(strategy, nodes, cluster, tmp_path, matches_golden):
     text = _render(strategy, nodes, cluster, tmp_path)
-    path = GOLDEN / f"{strategy}@{cluster}.sbatch"
-    if os.environ.get("HPCDP_REGENERATE_GOLDEN"):
-        path.write_text(text)
-    expected = path.read_text()
-    if text != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
-                                            str(path), "rendered"))
-        pytest.fail(f"rendered script differs from {path}:\n{diff}\nIf the change is intended, "
-                    f"regenerate with: {REGENERATE}")
+    matches_golden(text, GOLDEN / f"{strategy}@{cluster}.sbatch", REGENERATE)
 
 
 @pytest.mark.parametrize("strategy,nodes,cluster", CASES)
