@@ -6,6 +6,7 @@ ran on until the time limit."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -119,6 +120,9 @@ def test_a_crashing_rank_ends_the_job_failed_at_once(slurm_cluster, tmp_path):
     info = wait_all([job_id], timeout_s=300)[job_id]
     log = logs(run_dir)
     assert info.state == "FAILED", f"{info}\n{log[-3000:]}"
-    assert "a rank failed (not every rank stopped after a checkpoint" in log, log[-3000:]
+    # Which rank notices first is a race: the one srun stopped (143, not every rank stopped
+    # after a checkpoint) or the crashing one's peer, whose collective broke (the launch's 1).
+    assert re.search(r"hpcdp: a rank failed \((not every rank stopped after a checkpoint|"
+                     r"the launch exited [1-9]\d*);", log), log[-3000:]
     assert "waiting for Slurm to requeue" not in log
     assert info.elapsed_s is not None and info.elapsed_s < 120, info  # not the 600 s wait
