@@ -75,6 +75,14 @@ def _record_exit(out: str, code: int) -> None:
         print(f"train: could not record the exit code: {exc}", file=sys.stderr)
 
 
+def _hide_scipy() -> None:
+    """transformers imports scipy.optimize whenever scipy is installed, for an object-detection
+    loss GPT-2 never uses: about half a second of every rank's start on these CPUs. Only
+    harvest needs scipy, never a rank, so a rank that is its own process hides it (a None in
+    sys.modules makes find_spec answer "not installed" and `import scipy` fail cleanly)."""
+    sys.modules.setdefault("scipy", None)
+
+
 def main(argv: list[str] | None = None, reexec: bool = False) -> int:
     """`reexec`: this process is `python -m train` itself, and may re-execute itself to run with
     train.malloc's allocator (not when called from another program)."""
@@ -104,6 +112,7 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
             from train import malloc
 
             malloc.reexec_with(exp.train.malloc, uses_horovod=spec.needs_horovod)
+            _hide_scipy()
         from train import stop
 
         stop.catch_early()  # before torch loads: a rank signalled while starting must not die
