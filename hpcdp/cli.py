@@ -452,26 +452,16 @@ def cmd_env(args) -> int:
         except distenv.DistEnvError as exc:  # e.g. horovodrun across nodes, no master known
             torch_env = str(exc)
         print(json.dumps({**env.as_dict(), "horovod": env.horovod_view(),
-                          "device": _device_hint(env), "torch_env": torch_env}, indent=2))
+                          "device": env.device_hint(os.environ.get("CUDA_VISIBLE_DEVICES")),
+                          "torch_env": torch_env}, indent=2))
     else:
         if env.launcher == "none":
             print("no launcher found: not in a Slurm job step, nor started by torchrun "
                   "or horovodrun; train/ would run as one process (rank 0 of 1)")
         print(env.describe())
-        print(f"device: {_device_hint(env)}")
+        print(f"device: {env.device_hint(os.environ.get('CUDA_VISIBLE_DEVICES'))}")
         print("horovod: " + " ".join(f"{k}={v}" for k, v in env.horovod_view().items()))
     return 0
-
-
-def _device_hint(env) -> str:
-    """The device train/ will pick, as far as it can be told without importing torch."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return f"cuda:(local rank {env.local_rank} % GPUs) on a GPU node, else cpu"
-    ids = [v for v in visible.split(",") if v.strip()]
-    if not ids:
-        return "cpu (CUDA_VISIBLE_DEVICES is empty)"
-    return f"cuda:{env.device_index(len(ids))} (CUDA_VISIBLE_DEVICES={visible})"
 
 
 def cmd_cluster(args) -> int:

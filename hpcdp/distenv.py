@@ -136,6 +136,16 @@ class DistEnv:
             return 0
         return self.local_rank % visible_devices
 
+    def device_hint(self, cuda_visible_devices: str | None) -> str:
+        """The device train/ will pick, as far as it can be told without importing torch
+        (what `hpcdp env` prints, and each rank records in RUN_DIR/ranks/rank-R.json)."""
+        if cuda_visible_devices is None:
+            return f"cuda:(local rank {self.local_rank} % GPUs) on a GPU node, else cpu"
+        ids = [v for v in cuda_visible_devices.split(",") if v.strip()]
+        if not ids:
+            return "cpu (CUDA_VISIBLE_DEVICES is empty)"
+        return f"cuda:{self.device_index(len(ids))} (CUDA_VISIBLE_DEVICES={cuda_visible_devices})"
+
     def check_visible_devices(self, visible: int, bound: bool) -> None:
         """One GPU per rank on this node, or a usage error before NCCL's duplicate-GPU one.
 

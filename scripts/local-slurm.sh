@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # A real Slurm cluster on this one machine: munge, MariaDB, slurmdbd, slurmctld and four slurmd
 # "nodes" (node1..node4 on 127.0.100.1-4), each slurmd in its own UTS + mount namespace so that
-# `hostname` inside a job prints the node name and node1..node4 resolve.
+# `hostname` inside a job prints the node name and node1..node4 resolve. Two more, gpu1 and gpu2
+# in partition "gpu", have 4 GPUs each as Slurm sees them: gres on character devices made with
+# mknod (no driver behind them), so Slurm allocates, binds and exports CUDA_VISIBLE_DEVICES as
+# on a GPU cluster while torch finds no GPU and trains on the CPU.
 #
 #   local-slurm.sh up              start what is not running; a no-op when all is healthy
 #   local-slurm.sh down [--purge]  stop every daemon; --purge also deletes the cluster directory
@@ -15,10 +18,12 @@ set -euo pipefail
 DIR=${HPCDP_CLUSTER_DIR:-/tmp/hpcdp-slurm}
 CLUSTER=hpcdp
 NODES=(node1 node2 node3 node4)
+GPU_NODES=(gpu1 gpu2)
+GPUS_PER_NODE=4
 CPUS_PER_NODE=4
 PREEMPT_GRACE_S=30  # seconds a preempted job of partition "low" has to checkpoint
 # Not Slurm's default ports (6817-6819), so a system Slurm on the same machine does not clash.
-# slurmctld: PORT_BASE, slurmdbd: PORT_BASE + 1, node I: PORT_BASE + 1 + I.
+# slurmctld: PORT_BASE, slurmdbd: PORT_BASE + 1, node I (of ALL_NODES, from 1): PORT_BASE + 1 + I.
 PORT_BASE=${HPCDP_SLURM_PORT_BASE:-41817}
 [[ $PORT_BASE =~ ^[0-9]+$ ]] && ((PORT_BASE >= 1024 && PORT_BASE <= 65000)) || {
     echo "local-slurm: HPCDP_SLURM_PORT_BASE '$PORT_BASE' must be a number from 1024 to 65000" >&2
@@ -27,6 +32,7 @@ PORT_BASE=${HPCDP_SLURM_PORT_BASE:-41817}
 CTLD_PORT=$PORT_BASE
 DBD_PORT=$((PORT_BASE + 1))
 NODE_PORT_BASE=$((PORT_BASE + 1)) # node I listens on NODE_PORT_BASE + I
+GPU_DEVICES=$DIR/gpus
 INSTALL_HINT="apt-get install slurm-wlm slurmdbd munge mariadb-server"
 
 ETC=$DIR/etc
@@ -44,6 +50,31 @@ STATE=$DIR/state
 MARKER=$DIR/.hpcdp-local-slurm # only a directory holding this is ever deleted by --purge
 
 export SLURM_CONF=$CONF
+
+# The GPU nodes exist where their device files can be made (mknod needs CAP_MKNOD: a root
+# that lacks it gets the four CPU nodes, and the GPU tests skip saying why).
+gpu_devices_ready() {
+    local i
+    mkdir -p "$GPU_DEVICES"
+    for ((i = 0; i < GPUS_PER_NODE; i++)); do
+        [[ -c $GPU_DEVICES/nvidia$i ]] || mknod "$GPU_DEVICES/nvidia$i" c 195 "$i" 2>/dev/null || return 1
+    done
+}
+# Every slurmd this cluster runs: `up` adds the GPU nodes where it can make their devices;
+# `down` and `status` add them where slurm.conf has them.
+ALL_NODES=("${NODES[@]}")
+gpu_nodes_configured() { [[ -r $CONF ]] && grep -q "^NodeName=${GPU_NODES[0]} " "$CONF"; }
+gpu_summary() {
+    if ((${#ALL_NODES[@]} > ${#NODES[@]})); then
+        echo ", ${#GPU_NODES[@]} with $GPUS_PER_NODE GPUs (device files only) in partition gpu"
+    fi
+}
+# node_number NODE: its place in ALL_NODES from 1 (its address 127.0.100.N, its port).
+node_number() {
+    local i
+    for i in "${!ALL_NODES[@]}"; do [[ ${ALL_NODES[i]} == "$1" ]] && echo $((i + 1)) && return 0; done
+    return 1
+}
 
 log() { printf 'local-slurm: %s\n' "$*"; }
 fail() { printf 'local-slurm: %s\n' "$*" >&2; exit 1; }
@@ -104,7 +135,7 @@ listening() {
 # our own daemon for that port is not running).
 port_free() {
     if listening "$1"; then
-        fail "port $1 (for $2) is taken by another program; pick other ports with HPCDP_SLURM_PORT_BASE=<n> (uses n..n+$((1 + ${#NODES[@]})))"
+        fail "port $1 (for $2) is taken by another program; pick other ports with HPCDP_SLURM_PORT_BASE=<n> (uses n..n+$((1 + ${#NODES[@]} + ${#GPU_NODES[@]})))"
     fi
 }
 
@@ -227,10 +258,13 @@ AccountingStoragePort=$DBD_PORT
 AccountingStoragePass=$MUNGE_SOCKET
 JobCompType=jobcomp/none
 EOF
-    for i in "${!NODES[@]}"; do
-        printf 'NodeName=%s NodeAddr=127.0.100.%d Port=%d CPUs=%d Sockets=1 CoresPerSocket=%d ThreadsPerCore=1 RealMemory=%d State=UNKNOWN\n' \
-            "${NODES[i]}" $((i + 1)) $((NODE_PORT_BASE + i + 1)) "$CPUS_PER_NODE" "$CPUS_PER_NODE" \
-            "$real_mem_mb" >>"$CONF.new"
+    local gres
+    for i in "${!ALL_NODES[@]}"; do
+        gres=""
+        [[ ${ALL_NODES[i]} == gpu* ]] && gres=" Gres=gpu:$GPUS_PER_NODE"
+        printf 'NodeName=%s NodeAddr=127.0.100.%d Port=%d CPUs=%d Sockets=1 CoresPerSocket=%d ThreadsPerCore=1 RealMemory=%d%s State=UNKNOWN\n' \
+            "${ALL_NODES[i]}" $((i + 1)) $((NODE_PORT_BASE + i + 1)) "$CPUS_PER_NODE" "$CPUS_PER_NODE" \
+            "$real_mem_mb" "$gres" >>"$CONF.new"
     done
     # Preemption, as a site configures it: a job in "high" (a higher PriorityTier) preempts
     # jobs in "low", which are requeued (PreemptMode=REQUEUE) after a grace time in which they
@@ -240,7 +274,25 @@ EOF
         echo "PartitionName=debug Nodes=$all_nodes Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF"
         echo "PartitionName=low Nodes=$all_nodes MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=$PREEMPT_GRACE_S"
         echo "PartitionName=high Nodes=$all_nodes MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
+        # GPU profiles' scripts run here: no CPU-only job lands on these nodes by default.
+        if ((${#ALL_NODES[@]} > ${#NODES[@]})); then
+            echo "PartitionName=gpu Nodes=$(IFS=,; echo "${GPU_NODES[*]}") MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF"
+        fi
     } >>"$CONF.new"
+    if ((${#ALL_NODES[@]} > ${#NODES[@]})); then
+        # slurmd reads gres.conf beside slurm.conf. No NVML here: the devices are listed.
+        {
+            echo "# Written by scripts/local-slurm.sh (hpcdp): character devices, no GPU behind them."
+            echo "AutoDetect=off"
+            echo "NodeName=$(IFS=,; echo "${GPU_NODES[*]}") Name=gpu File=$GPU_DEVICES/nvidia[0-$((GPUS_PER_NODE - 1))]"
+        } >"$ETC/gres.conf"
+        sed -i "0,/^SelectTypeParameters=/s//GresTypes=gpu\n&/" "$CONF.new"
+    else
+        rm -f "$ETC/gres.conf"
+    fi
+    # Nodes are only added or removed by restarting slurmctld and the slurmds.
+    CONFIG_CHANGED=0
+    cmp -s "$CONF.new" "$CONF" || CONFIG_CHANGED=1
     mv -f "$CONF.new" "$CONF"
 
     # slurmdbd has no -f: it reads slurmdbd.conf beside $SLURM_CONF, mode 600, owned by SlurmUser.
@@ -287,15 +339,15 @@ user=root
 socket=$DB_SOCKET
 EOF
 
-    for i in "${!NODES[@]}"; do
-        mkdir -p "$DIR/nodes/${NODES[i]}" "$DIR/spool/${NODES[i]}" "$DIR/tmp/${NODES[i]}"
+    for i in "${!ALL_NODES[@]}"; do
+        mkdir -p "$DIR/nodes/${ALL_NODES[i]}" "$DIR/spool/${ALL_NODES[i]}" "$DIR/tmp/${ALL_NODES[i]}"
         # Mounted over /etc/hosts inside the node's namespace only.
         {
             echo "127.0.0.1 localhost"
             echo "::1 localhost ip6-localhost ip6-loopback"
             local j
-            for j in "${!NODES[@]}"; do echo "127.0.100.$((j + 1)) ${NODES[j]}"; done
-        } >"$DIR/nodes/${NODES[i]}/hosts"
+            for j in "${!ALL_NODES[@]}"; do echo "127.0.100.$((j + 1)) ${ALL_NODES[j]}"; done
+        } >"$DIR/nodes/${ALL_NODES[i]}/hosts"
     done
 }
 
@@ -383,9 +435,9 @@ start_slurmctld() {
 start_slurmd() {
     local node=$1
     alive slurmd "$(node_pidfile "$node")" && return 0
-    port_free "$((NODE_PORT_BASE + ${node#node}))" "slurmd $node"
+    port_free "$((NODE_PORT_BASE + $(node_number "$node")))" "slurmd $node"
     # Own UTS and mount namespace: `hostname` prints the node name inside its jobs, and a
-    # private hosts file (bind-mounted over /etc/hosts there only) resolves node1..node4.
+    # private hosts file (bind-mounted over /etc/hosts there only) resolves every node.
     launch "slurmd-$node" unshare --uts --mount --propagation private \
         bash -c 'hostname "$1" && mount --bind "$2" /etc/hosts && exec slurmd -f "$3" -N "$1"' \
         _ "$node" "$DIR/nodes/$node/hosts" "$CONF" ||
@@ -395,8 +447,8 @@ start_slurmd() {
 nodes_ready() {
     # Every node responding (no '*' suffix) and usable.
     local states
-    states=$(sinfo -h -N -p debug -o '%N %t' 2>/dev/null) || return 1
-    [[ $(grep -cE '^node[0-9]+ (idle|mix|alloc)$' <<<"$states") -eq ${#NODES[@]} ]]
+    states=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
+    [[ $(grep -cE '^[a-z]+[0-9]+ (idle|mix|alloc)$' <<<"$states") -eq ${#ALL_NODES[@]} ]]
 }
 
 resume_stuck_nodes() {
@@ -410,14 +462,14 @@ resume_stuck_nodes() {
             scontrol update nodename="$node" state=resume 2>/dev/null || true
             ;;
         esac
-    done < <(sinfo -h -N -p debug -o '%N %t' 2>/dev/null | tr -d '*~#!%$@^-')
+    done < <(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u | tr -d '*~#!%$@^-')
 }
 
 healthy() {
     alive munged "$(munged_pidfile)" && alive mariadbd "$(db_pidfile)" &&
         alive slurmdbd "$(dbd_pidfile)" && alive slurmctld "$(ctld_pidfile)" || return 1
     local node
-    for node in "${NODES[@]}"; do alive slurmd "$(node_pidfile "$node")" || return 1; done
+    for node in "${ALL_NODES[@]}"; do alive slurmd "$(node_pidfile "$node")" || return 1; done
     nodes_ready
 }
 
@@ -428,23 +480,34 @@ cmd_up() {
     touch "$MARKER"
     exec 9>"$DIR/.lock"
     flock -w 300 9 || fail "another 'up' or 'down' held $DIR/.lock for 300 s"
+    if gpu_devices_ready; then
+        ALL_NODES+=("${GPU_NODES[@]}")
+    else
+        log "no GPU nodes: cannot make character devices in $GPU_DEVICES (mknod needs CAP_MKNOD)"
+    fi
     if healthy; then
-        log "already up: ${#NODES[@]} nodes in partition debug (SLURM_CONF=$CONF)"
+        log "already up: ${#NODES[@]} nodes in partition debug$(gpu_summary) (SLURM_CONF=$CONF)"
         return 0
     fi
     local t0=$SECONDS
     write_configs
+    local node
+    if ((CONFIG_CHANGED)) && alive slurmctld "$(ctld_pidfile)"; then
+        log "the nodes changed: restarting slurmctld and the slurmds with the new slurm.conf"
+        local specs=()
+        for node in "${NODES[@]}" "${GPU_NODES[@]}"; do specs+=("slurmd:$(node_pidfile "$node")"); done
+        stop "${specs[@]}" "slurmctld:$(ctld_pidfile)"
+    fi
     start_munged
     start_mariadb
     start_slurmdbd
     register_cluster
     start_slurmctld
-    local node
-    for node in "${NODES[@]}"; do start_slurmd "$node"; done
+    for node in "${ALL_NODES[@]}"; do start_slurmd "$node"; done
     local deadline=$((SECONDS + 30)) resumed=0
     until nodes_ready; do
         if ((SECONDS >= deadline)); then
-            sinfo -N -p debug >&2 || true
+            sinfo -N >&2 || true
             fail "nodes not idle after 30s (logs: $LOG/slurmd-*.log)"
         fi
         if ((!resumed && SECONDS >= deadline - 27)); then
@@ -454,7 +517,7 @@ cmd_up() {
         sleep 0.2
     done
     wait_until 30 "sacct to answer" sacct -n -X -S now-1minutes
-    log "up in $((SECONDS - t0))s: ${#NODES[@]} nodes idle in partition debug; export SLURM_CONF=$CONF"
+    log "up in $((SECONDS - t0))s: ${#NODES[@]} nodes idle in partition debug$(gpu_summary); export SLURM_CONF=$CONF"
 }
 
 # --- stopping --------------------------------------------------------------------------------
@@ -484,16 +547,17 @@ cmd_down() {
     fi
     exec 9>"$DIR/.lock"
     flock -w 300 9 || fail "another 'up' or 'down' held $DIR/.lock for 300 s"
+    gpu_nodes_configured && ALL_NODES+=("${GPU_NODES[@]}")
 
     cancel_jobs
     # Job processes live in the nodes' UTS namespaces: remember them to clean up leftovers.
     local node pid namespaces=()
-    for node in "${NODES[@]}"; do
+    for node in "${ALL_NODES[@]}"; do
         pid=$(pid_of slurmd "$(node_pidfile "$node")") &&
             namespaces+=("$(readlink "/proc/$pid/ns/uts" 2>/dev/null)")
     done
     local stop_nodes=()
-    for node in "${NODES[@]}"; do stop_nodes+=("slurmd:$(node_pidfile "$node")"); done
+    for node in "${ALL_NODES[@]}"; do stop_nodes+=("slurmd:$(node_pidfile "$node")"); done
     stop "${stop_nodes[@]}" "slurmctld:$(ctld_pidfile)"
     if ((${#namespaces[@]})); then
         local leftovers=() p ns n
@@ -538,10 +602,11 @@ cmd_status() {
     report mariadbd "$(db_pidfile)" mariadbd
     report slurmdbd "$(dbd_pidfile)" slurmdbd
     report slurmctld "$(ctld_pidfile)" slurmctld
-    for name in "${NODES[@]}"; do report slurmd "$(node_pidfile "$name")" "slurmd $name"; done
+    gpu_nodes_configured && ALL_NODES+=("${GPU_NODES[@]}")
+    for name in "${ALL_NODES[@]}"; do report slurmd "$(node_pidfile "$name")" "slurmd $name"; done
     if alive slurmctld "$(ctld_pidfile)" && [[ -r $CONF ]]; then
         echo
-        sinfo -N -p debug || all=1
+        sinfo -N || all=1
         nodes_ready || all=1
     fi
     echo

@@ -200,7 +200,10 @@ def _train(exp: Experiment, spec: registry.StrategySpec, env: distenv.DistEnv,
     training = setup(exp, spec, strategy, out_dir, resume, log)
     metrics = MetricsWriter(out_dir / "metrics.jsonl" if strategy.is_main else None)
     metrics.write("header", **header(training, env))
-    summary = fit(training, metrics, log)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    placement = {"device": str(strategy.device), "devices": strategy.devices_per_process,
+                 "cuda_visible_devices": visible, "device_hint": env.device_hint(visible)}
+    summary = fit(training, metrics, log, placement)
     metrics.write("summary", **summary)
     metrics.close()
     strategy.barrier()
@@ -399,8 +402,10 @@ def _grad_bytes(model: torch.nn.Module, grad_comm: str) -> int | None:
     return n * GRAD_BYTES[grad_comm]
 
 
-def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None]) -> dict[str, Any]:
-    """The loop: step, log, evaluate, checkpoint, stop on a signal. Returns the summary."""
+def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None],
+        placement: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The loop: step, log, evaluate, checkpoint, stop on a signal. Returns the summary.
+    `placement`: the rank's device, for its record in RUN_DIR/ranks/."""
     cfg, strategy, device = t.exp.train, t.strategy, t.strategy.device
     log(f"train: {t.spec.name} ({strategy.describe()}), precision {t.precision.name}, "
         f"world {strategy.world_size}, global batch {t.global_batch} x {cfg.seq_len} tokens, "
@@ -408,7 +413,8 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None]) -> dict
     throughput = Throughput(t, metrics)
     stop, fault = StopSignal(cfg.stop_check_s), faults.from_environment()
     watchdog = Watchdog(t.out_dir, strategy.rank, strategy.world_size, factor=cfg.hang_factor,
-                        floor_s=cfg.hang_floor_s, ceiling_s=cfg.dist_timeout_s)
+                        floor_s=cfg.hang_floor_s, ceiling_s=cfg.dist_timeout_s,
+                        placement=placement)
     step, last_loss, last_val = t.start_step, None, None
     timer = PhaseTimer(device)
     while step < cfg.steps:

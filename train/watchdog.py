@@ -8,7 +8,8 @@ max(hang_factor x median step time, hang_floor_s), never more than dist_timeout_
 bounds torch's collectives and Horovod's Gloo and stall shutdown), and dist_timeout_s until a
 few steps have given a median.
 
-Every rank records where it runs (RUN_DIR/ranks/rank-R.json: pid, machine, Slurm node) when it
+Every rank records where it runs (RUN_DIR/ranks/rank-R.json: pid, machine, Slurm node, device,
+CUDA_VISIBLE_DEVICES and the device `hpcdp env` predicts from it) when it
 starts. A rank that fires dumps its own stack; the lowest rank that fired then names the silent
 ranks and their nodes (hang/summary.txt, hang/silent_nodes for the batch script's
 `train.on_hang: requeue`), and reads the silent ranks' stacks with py-spy where it is installed
@@ -40,7 +41,7 @@ PY_SPY_TIMEOUT_S = 10.0
 
 class Watchdog:
     def __init__(self, out_dir: Path, rank: int, world_size: int, *, factor: float,
-                 floor_s: float, ceiling_s: float) -> None:
+                 floor_s: float, ceiling_s: float, placement: dict | None = None) -> None:
         self.folder = Path(out_dir) / "hang"
         self.rank, self.world_size = rank, world_size
         self.factor, self.floor_s, self.ceiling_s = factor, floor_s, ceiling_s
@@ -48,7 +49,7 @@ class Watchdog:
         self._last = time.monotonic()
         self._step_times: list[float] = []
         self._done = threading.Event()
-        self._record_where_this_rank_runs()
+        self._record_where_this_rank_runs(placement or {})
         self._thread = threading.Thread(target=self._watch, name="hpcdp-watchdog", daemon=True)
         self._thread.start()
 
@@ -66,7 +67,7 @@ class Watchdog:
         median = statistics.median(self._step_times[-100:])
         return min(self.ceiling_s, max(self.factor * median, self.floor_s))
 
-    def _record_where_this_rank_runs(self) -> None:
+    def _record_where_this_rank_runs(self, placement: dict) -> None:
         if self.rank == 0 and self.folder.exists():  # an earlier job's hang: keep it aside
             n = 1
             while self.folder.with_name(f"hang.{n}").exists():
@@ -75,7 +76,8 @@ class Watchdog:
         ranks = self.folder.parent / "ranks"
         ranks.mkdir(parents=True, exist_ok=True)
         where = {"rank": self.rank, "pid": os.getpid(), "machine": socket.gethostname(),
-                 "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname()}
+                 "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                 **placement}
         (ranks / f"rank-{self.rank}.json").write_text(json.dumps(where) + "\n")
 
     def stop(self) -> None:
