@@ -193,8 +193,10 @@ def plan(profile: ClusterProfile, experiment: Experiment, *, output_dir: str | N
         run_dir = folder / f"{strategy.name}-{nodes}n" / f"repeat-{repeat}"
         job = render.render_job(profile, experiment, strategy, nodes, run_dir=run_dir)
         cells.append(Cell(strategy, nodes, repeat, job))
-    probes = _probes(profile, experiment, folder, cells, at_end=False)
-    probes_end = _probes(profile, experiment, folder, cells, at_end=True)
+    probes, probes_end = [], []
+    if settings.network_baseline:
+        probes = _probes(profile, experiment, folder, cells, at_end=False)
+        probes_end = _probes(profile, experiment, folder, cells, at_end=True)
     job = _campaign_job(profile, experiment, folder, probes, cells, probes_end, repeats, seed)
     exclusive = profile.campaign_exclusive or any(
         opt.split("=")[0] == "--exclusive" for opt in profile.extra_sbatch)

@@ -373,9 +373,15 @@ class CompareConfig:
     equivalent_within: float = 0.02
     """The verdict calls cells "equivalent" when the 90% interval of their throughput ratio lies
     within 1 +- this (docs/compare.md): a difference smaller than it is no reason to choose."""
+    network_baseline: bool = True
+    """Run the all-reduce probes before the first cell and after the last (baseline/,
+    baseline-end/); false leaves them out: no "Network baseline" table, no bandwidth reached."""
 
     def __post_init__(self) -> None:
         _at_least("compare.repeats", self.repeats, 1)
+        if not isinstance(self.network_baseline, bool):
+            raise UsageError(f"compare.network_baseline {self.network_baseline!r} must be "
+                             "true or false")
         if self.seed is not None:
             _at_least("compare.seed", self.seed, 0)
         band = self.equivalent_within

@@ -39,7 +39,7 @@ def wait_all(job_ids: list[str], timeout_s: float = 600) -> dict[str, slurm.JobI
         infos = slurm.query_jobs(job_ids)
         if all(slurm.is_terminal(infos[j].state) and infos[j].source == "sacct" for j in job_ids):
             return infos
-        time.sleep(2)
+        time.sleep(0.5)  # a job's final record is in sacct ~0.1 s after it leaves squeue
     raise AssertionError(f"jobs {job_ids} did not all end within {timeout_s} s")
 
 

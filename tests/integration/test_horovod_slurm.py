@@ -8,12 +8,10 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-
-from hpcdp import slurm
+import slurm_jobs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.horovod]
 
@@ -43,13 +41,7 @@ def submit(tmp_path: Path, strategy: str, controller: str, ranks_per_node: int) 
 
 
 def wait_all(job_ids: list[str], timeout_s: float = 600) -> dict[str, str]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        infos = slurm.query_jobs(job_ids)
-        if all(slurm.is_terminal(infos[j].state) and infos[j].source == "sacct" for j in job_ids):
-            return {j: infos[j].state for j in job_ids}
-        time.sleep(2)
-    raise AssertionError(f"jobs {job_ids} did not all end within {timeout_s} s")
+    return {job: info.state for job, info in slurm_jobs.wait_all(job_ids, timeout_s).items()}
 
 
 def check_run(run_dir: Path, job_id: str, world: int, controller: str) -> dict:

@@ -6,10 +6,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from slurm_jobs import wait_all
 
 from hpcdp import config, slurm
 
@@ -35,13 +35,7 @@ def squeue_ids() -> set[str]:
 
 
 def wait_final(job_id: str, timeout_s: float = 300) -> slurm.JobInfo:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        info = slurm.query_jobs([job_id])[job_id]
-        if slurm.is_terminal(info.state) and info.source == "sacct":
-            return info
-        time.sleep(1)
-    raise AssertionError(f"job {job_id} did not end within {timeout_s} s")
+    return wait_all([job_id], timeout_s)[job_id]
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -135,6 +135,7 @@ def test_dry_run_of_the_paper_campaign_prints_it_and_writes_nothing(tmp_path):
     (["--repeats", "0"], "--repeats"),
     (["--set", "compare.repeats=0"], "compare.repeats"),
     (["--set", "compare.order=random"], "compare.order"),
+    (["--set", "compare.network_baseline=sometimes"], "compare.network_baseline"),
 ])
 def test_bad_compare_input_is_one_line_exit_2(tmp_path, args, needle):
     done = _hpcdp(tmp_path, "compare", "--dry-run", *args)
@@ -229,6 +230,13 @@ def test_the_network_probes_run_first_and_again_last(tmp_path):
                for c in plan.probes)
     record = plan.record()
     assert [b["key"] for b in record["baseline_end"]] == [c.key for c in plan.probes_end]
+
+
+def test_network_baseline_false_leaves_the_probes_out(tmp_path):
+    plan = _plan(tmp_path, compare={"repeats": 1, "seed": 4, "network_baseline": False})
+    assert plan.probes == plan.probes_end == [] and len(plan.cells) > 1
+    assert "allreduce" not in plan.job.text
+    assert plan.record()["baseline"] == plan.record()["baseline_end"] == []
 
 
 def test_a_failed_cell_is_retried_once_at_the_end_of_its_round(tmp_path):
