@@ -28,7 +28,7 @@ from hpcdp import distenv
 from hpcdp import strategies as registry
 from hpcdp.config import Experiment, as_dict
 from hpcdp.errors import UsageError
-from train import checkpoint, faults, malloc
+from train import checkpoint, faults, malloc, memory
 from train.data import Batches, open_data
 from train.metrics import MetricsWriter, peak_flops, step_line
 from train.model import LanguageModel, build_model, count_params, flops_per_token
@@ -459,7 +459,8 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None],
         log("train: WARNING: model replicas differ across ranks at the end")
     return {"status": "completed" if step >= cfg.steps else "interrupted", "steps": step,
             "final_loss": last_loss, "final_val_loss": last_val,
-            **throughput.summary(), "params_sha256": digest, "replicas_identical": identical}
+            **throughput.summary(), "params_sha256": digest, "replicas_identical": identical,
+            "memory": memory.summary(t.raw_model, t.optimizer, strategy, device)}
 
 
 class Throughput:

@@ -94,6 +94,12 @@ class RunResult:
     final_loss: float | None = None
     final_val_loss: float | None = None
     peak_mem_gb: float | None = None
+    """Memory per rank: the largest over ranks and segments of the summary's memory.peak_bytes
+    (GPU: max_memory_allocated; CPU: peak RSS), else rank 0's max_mem_gb over steps."""
+    state_gb: float | None = None
+    """Parameters, gradients and optimizer state one rank holds (the largest over ranks)."""
+    memory_measured: str | None = None
+    """What peak_mem_gb measured: cuda_max_allocated or peak_rss."""
     mfu: float | None = None
     max_rss: str | None = None
     malloc: str | None = None
@@ -160,6 +166,22 @@ def _number(value) -> float | None:
     return float(value)
 
 
+def _memory(log: MetricsLog) -> tuple[float | None, float | None, str | None]:
+    """(peak GB, model state GB, what was measured) per rank from the segments' summaries
+    (train/memory.py: each the largest over the segment's ranks), the largest segment."""
+    found = [s.summary["memory"] for s in log.segments
+             if s.summary and isinstance(s.summary.get("memory"), dict)]
+    peaks = [_number(m.get("peak_bytes")) for m in found]
+    states = [sum(_number(m.get(k)) or 0.0 for k in ("params_bytes", "grads_bytes",
+                                                      "optimizer_bytes")) for m in found]
+    peaks = [p for p in peaks if p is not None]
+    if not peaks:
+        return None, None, None
+    measured = found[0].get("measured")
+    return (max(peaks) / 1e9, max(states) / 1e9 if states else None,
+            measured if isinstance(measured, str) else None)
+
+
 def warmup_log_steps(header: dict) -> int:
     """Steps left out of medians after each segment start: config.train.warmup_log_steps."""
     value = ((header.get("config") or {}).get("train") or {}).get("warmup_log_steps")
@@ -195,6 +217,7 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
     exposed, allreduce = present(c.exposed_comm_s, timed), present(c.allreduce_s, timed)
     sent, calls = present(c.allreduce_bytes, timed), present(c.allreduce_calls, timed)
     mems = present(c.max_mem_gb, order)
+    peak_gb, state_gb, measured = _memory(log)
     final_val = log.evals[max(log.evals)] if log.evals else None
     if final_val is None and log.summary:
         final_val = _number(log.summary.get("final_val_loss"))
@@ -224,7 +247,8 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         allreduce_bytes=_median(sent), allreduce_calls=_median(calls),
         tokens_per_elapsed_s=tokens_per_elapsed(log),
         final_loss=losses[-1] if losses else None,
-        final_val_loss=final_val, peak_mem_gb=max(mems) if mems else None,
+        final_val_loss=final_val, state_gb=state_gb, memory_measured=measured,
+        peak_mem_gb=peak_gb if peak_gb is not None else max(mems) if mems else None,
         mfu=_median(mfus), curve_step=list(map(step_of.__getitem__, with_loss)),
         curve_time_s=list(map(c.t.__getitem__, with_loss)), curve_loss=losses,
         malloc=header.get("malloc") if isinstance(header.get("malloc"), str) else None,
@@ -472,7 +496,7 @@ COLUMNS: list[tuple[str, str]] = [
     ("time_to_target_s", "time to target s"),
     ("final_loss", "final loss"),
     ("final_val_loss", "val loss"),
-    ("peak_mem_gb", "peak mem GB"),
+    ("peak_mem_gb", "mem/rank GB"),
     ("mfu", "MFU"),
     ("notes", "notes"),
 ]
@@ -555,7 +579,8 @@ CSV_FIELDS = ["run_dir", "experiment", "strategy", "nodes", "world_size", "globa
               "scaling_efficiency",
               "efficiency_vs_single", "baseline", "loss_drift", "parity_reference",
               "target_loss", "time_to_target_s", "step_to_target",
-              "final_loss", "final_val_loss", "peak_mem_gb", "mfu", "max_rss", "notes"]
+              "final_loss", "final_val_loss", "peak_mem_gb", "state_gb", "memory_measured", "mfu",
+              "max_rss", "notes"]
 
 
 def render_csv(results: list[RunResult]) -> str:

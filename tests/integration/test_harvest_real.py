@@ -83,7 +83,17 @@ def test_completed_run(real_runs):
     assert r.step_time_s == pytest.approx(statistics.median(s["step_time_s"] for s in steps[2:]))
     assert r.final_loss == steps[-1]["loss"]
     assert r.final_val_loss == [x for x in recs if x["kind"] == "eval"][-1]["val_loss"]
-    assert r.peak_mem_gb is None and r.mfu is None  # CPU: no device memory, no known peak
+    assert r.mfu is None  # CPU: no known peak FLOP/s
+    # Memory per rank (train/memory.py): on a CPU the peak RSS, and the model state one rank
+    # holds: fp32 parameters, a gradient as large, AdamW's two moments per parameter.
+    memory = recs[-1]["memory"]
+    assert memory["measured"] == "peak_rss" and r.memory_measured == "peak_rss"
+    assert r.peak_mem_gb == memory["peak_bytes"] / 1e9
+    params = memory["params_bytes"]
+    assert params > 0 and memory["grads_bytes"] == params
+    assert 2 * params <= memory["optimizer_bytes"] < 2 * params + 4096  # + AdamW's step counts
+    assert memory["peak_bytes"] > 4 * params  # the process holds far more than the model state
+    assert r.state_gb == pytest.approx(4 * params / 1e9, rel=1e-3)
     assert r.notes == []
 
 

@@ -188,6 +188,12 @@ def test_fp32_strategies_match_single_process(runs: Runs, name: str) -> None:
     a, b = final_params(reference), final_params(other)
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     assert worst < 1e-4, f"parameters differ by up to {worst:.2e}"
+    # Memory per rank (the largest over ranks): a replicating strategy holds the whole model
+    # state on every rank, as one process does.
+    (ref_summary,), (summary,) = records(reference, "summary"), records(other, "summary")
+    state = ("params_bytes", "grads_bytes", "optimizer_bytes")
+    assert [summary["memory"][k] for k in state] == [ref_summary["memory"][k] for k in state]
+    assert summary["memory"]["peak_bytes"] > sum(summary["memory"][k] for k in state)
 
 
 @pytest.mark.parametrize("name", _marked(["distributed-ps-apex", "horovod-apex"]))
