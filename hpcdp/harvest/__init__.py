@@ -261,7 +261,8 @@ def _campaign_text(result: Harvest, markdown: bool) -> str:
 
 
 def write_outputs(result: Harvest, out_dir: Path, plots: bool = True) -> list[Path]:
-    """OUT/table.md, table.csv, runs.json and (plots) throughput_vs_nodes.png, loss_vs_time.png."""
+    """OUT/table.md, table.csv, runs.json and (plots) throughput_vs_nodes.png, loss_vs_time.png,
+    and memory_vs_throughput.png where runs recorded their memory."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -281,6 +282,9 @@ def write_outputs(result: Harvest, out_dir: Path, plots: bool = True) -> list[Pa
                                                    out_dir / "throughput_vs_nodes.png"))
         written.append(figures.loss_vs_time(result.runs, out_dir / "loss_vs_time.png",
                                             result.target_loss))
+        memory = figures.memory_vs_throughput(result.runs, out_dir / "memory_vs_throughput.png")
+        if memory:
+            written.append(memory)
     return written
 
 

@@ -1,4 +1,5 @@
-"""The two figures: throughput vs nodes (per strategy) and loss vs training time (per run).
+"""The figures: throughput vs nodes (per strategy), loss vs training time (per run), and memory
+per rank against throughput (per node count: the trade sharding makes).
 
 matplotlib is imported here only, when a figure is drawn, and through its object API with the
 Agg canvas: no pyplot state, no display needed, nothing global switched.
@@ -88,6 +89,43 @@ def throughput_vs_nodes(results: list[RunResult], path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     if groups:
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(path, bbox_inches="tight")
+    return path
+
+
+def memory_vs_throughput(results: list[RunResult], path: Path) -> Path | None:
+    """Memory per rank against tokens/s, one panel per node count, one point per (source,
+    strategy, precision) at the medians of its runs; None (nothing drawn) when no run
+    recorded its memory. Lower right is better: less memory, more throughput."""
+    groups: dict[tuple, list[RunResult]] = {}
+    for r in results:
+        if r.tokens_per_s is not None and r.peak_mem_gb is not None and r.nodes:
+            groups.setdefault((r.nodes, r.source, r.strategy, r.precision), []).append(r)
+    if not groups:
+        return None
+    nodes = sorted({k[0] for k in groups})
+    several_sources = len({k[1] for k in groups}) > 1
+    fig = _figure()
+    fig.set_size_inches(max(7.5, 4.2 * len(nodes)), 4.8)
+    measured = sorted({r.memory_measured for rs in groups.values() for r in rs
+                       if r.memory_measured})
+    for i, n in enumerate(nodes, start=1):
+        ax = fig.add_subplot(1, len(nodes), i)
+        for (k_nodes, source, _strategy, _precision), runs in groups.items():
+            if k_nodes != n:
+                continue
+            label = _label(runs[0], with_nodes=False)
+            if several_sources:
+                label += f" [{Path(source).name if source else 'separate jobs'}]"
+            ax.plot(stats.median([r.tokens_per_s for r in runs]),
+                    stats.median([r.peak_mem_gb for r in runs]), marker="o", linestyle="none",
+                    label=label)
+        ax.set_title(f"{n} node(s)")
+        ax.set_xlabel("tokens/s (median of runs)")
+        ax.set_ylabel(f"memory per rank, GB ({', '.join(measured) or 'peak'}; largest rank)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="x-small")
+    fig.suptitle("Memory per rank vs throughput (lower right is better)")
     fig.savefig(path, bbox_inches="tight")
     return path
 

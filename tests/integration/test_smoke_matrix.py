@@ -72,7 +72,7 @@ def test_smoke_matrix_then_harvest(slurm_cluster, tmp_path):
     assert baseline["speedup"] == pytest.approx(1.0)
     for name in ("table.md", "table.csv", "runs.json"):
         assert (out / name).stat().st_size > 0
-    for png in ("throughput_vs_nodes.png", "loss_vs_time.png"):
+    for png in ("throughput_vs_nodes.png", "loss_vs_time.png", "memory_vs_throughput.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
         width, height = struct.unpack(">II", data[16:24])

@@ -350,6 +350,29 @@ def test_out_dir_writes_tables_and_plots(matrix, tmp_path, capsys):
     assert json.loads((out / "runs.json").read_text())["runs"][1]["strategy"] == "distributed-ps"
 
 
+def test_memory_per_rank_is_the_largest_segment_and_is_plotted_against_throughput(tmp_path):
+    root = tmp_path / "runs"
+    for name, tps, peak in (("single-gpu", 1000.0, 3e9), ("distributed-ps", 1800.0, 5e9)):
+        run = simple_run(root / name, name, 1, 1, tps=tps)
+        recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        memory = {"measured": "peak_rss", "peak_bytes": peak, "params_bytes": 1e8,
+                  "grads_bytes": 1e8, "optimizer_bytes": 2e8}
+        recs[-1]["memory"] = memory
+        # A resumed segment peaked lower: the run's figure is its largest segment's.
+        second = [header(name, 1, 1, start_step=5, steps=5), {
+            **summary(5, 2.0), "memory": {**memory, "peak_bytes": peak / 2}}]
+        write_run(run, recs + second)
+    results = {r.strategy: r for r in harvest.harvest([root], query_slurm=False)}
+    assert results["distributed-ps"].peak_mem_gb == 5.0 and results["single-gpu"].peak_mem_gb == 3.0
+    assert results["single-gpu"].state_gb == pytest.approx(0.4)
+    assert results["single-gpu"].memory_measured == "peak_rss"
+    out = tmp_path / "report"
+    assert harvest.main(_args(str(root), "--out", str(out), "--no-slurm")) == 0
+    data = (out / "memory_vs_throughput.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert "mem/rank GB" in (out / "table.md").read_text()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["{tmp}/nowhere"], "does not exist"),
     (["{tmp}"], "no metrics.jsonl found in"),
