@@ -49,9 +49,9 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def gpu_jobs(slurm_cluster, tmp_path_factory) -> dict[str, tuple[Path, str]]:
-    nodes = subprocess.run(["sinfo", "-h", "-p", "gpu", "-o", "%D %G"], capture_output=True,
+    nodes = subprocess.run(["sinfo", "-h", "-p", "gpu", "-o", "%D %G %t"], capture_output=True,
                            text=True).stdout.split()
-    if not nodes or "gpu:4" not in nodes[-1]:
+    if len(nodes) != 3 or "gpu:4" not in nodes[1] or nodes[2] not in ("idle", "mix", "alloc"):
         pytest.skip("the local cluster has no GPU nodes (mknod not permitted where it started, "
                     "or it started before they existed: hpcdp cluster down; hpcdp cluster up)")
     root = tmp_path_factory.mktemp("gpu")
