@@ -233,7 +233,8 @@ def follow(job_ids: list[str], *, poll_s: float = 2.0, timeout_s: float | None =
     from hpcdp import slurm
 
     last: dict[str, str] = {}
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline = None if timeout_s is None else start + timeout_s
     while True:
         infos = slurm.query_jobs(job_ids)  # one squeue + one sacct for all jobs
         for job_id in job_ids:
@@ -251,5 +252,7 @@ def follow(job_ids: list[str], *, poll_s: float = 2.0, timeout_s: float | None =
             return states, ended
         if deadline is not None and time.monotonic() > deadline:
             return states, ended
-        time.sleep(poll_s)
+        # Fast at first (a short job's end is seen within half a second), every poll_s after
+        # about 15 s: one squeue and one sacct a poll.
+        time.sleep(min(poll_s, 0.5 + 0.1 * (time.monotonic() - start)))
         sys.stdout.flush()
