@@ -73,6 +73,8 @@ class Cell:
     reaches. Only where training times its all-reduce (DDP) and the sweep covers its size."""
     exposed_share: float | None = None
     """Median exposed gradient communication / median step time, over its runs."""
+    memory_gb: float | None = None
+    """Median over its runs of memory per rank (RunResult.peak_mem_gb), where recorded."""
     group: int = 0
     """Index of its comparison group: cells are compared only within one."""
     name: str = ""
@@ -108,6 +110,7 @@ class Cell:
                 "allreduce_share_of_step": self.allreduce_share,
                 "exposed_comm_share_of_step": self.exposed_share,
                 "bandwidth_reached": self.bandwidth_reached,
+                "memory_per_rank_gb": self.memory_gb,
                 "runs": [r.run_dir for r in self.runs]}
 
 
@@ -161,6 +164,8 @@ def cells_of(results: list[RunResult]) -> list[Cell]:
             cell.interval = stats.median_interval(values)
             cell.unsettled = _unsettled(cell.runs)
             cell.loss_failure = _loss_failure(cell.runs)
+            memory = [r.peak_mem_gb for r in cell.runs if r.peak_mem_gb is not None]
+            cell.memory_gb = stats.median(memory) if memory else None
         _name(cells)
         _fill_ratios(cells)
         out.extend(cells)
@@ -326,11 +331,32 @@ def verdicts(cells: list[Cell]) -> list[dict]:
                              unsettled={c.name: _unsettled_summary(c) for c in group
                                         if c.unsettled})
             _mark(group, v)
+            trades = memory_trades(group, v.fastest)
+            text = v.text + (f"; memory: {'; '.join(trades)}" if trades else "")
             out.append({**base, "outcome": v.outcome, "fastest": v.fastest,
                         "conditions": dict(zip(("malloc", "threads", "cpus"), conditions)),
-                        "needed_repeats": v.needed_repeats, "text": v.text,
+                        "needed_repeats": v.needed_repeats, "text": text,
+                        "memory_trades": trades,
                         "comparisons": [_comparison(c) for c in v.comparisons]})
     return out
+
+
+MEMORY_TRADE_BELOW = 0.9
+"""A cell whose memory per rank is under this share of the leader's trades speed for memory:
+the verdict names it (the reason to shard: docs/compare.md)."""
+
+
+def memory_trades(group: list[Cell], leader: str | None) -> list[str]:
+    """'fsdp 2n: 0.55x distributed-ps 2n's memory per rank at 0.93x its throughput', for each
+    cell that holds clearly less per rank than the throughput leader (medians of the runs;
+    what the memory was measured as is in the table's mem/rank column)."""
+    lead = next((c for c in group if c.name == leader), None)
+    if lead is None or not lead.memory_gb or not lead.median:
+        return []
+    return [f"{c.name}: {c.memory_gb / lead.memory_gb:.2f}x {lead.name}'s memory per rank at "
+            f"{c.median / lead.median:.2f}x its throughput" for c in group
+            if c is not lead and c.memory_gb is not None
+            and c.memory_gb < MEMORY_TRADE_BELOW * lead.memory_gb]
 
 
 def _comparison(c: stats.Comparison) -> dict:
@@ -356,7 +382,7 @@ def has_repeats(cells: list[Cell]) -> bool:
 
 
 COLUMNS = ("cell", "runs", "tokens/s median", "95% interval", "speed-up", "scaling eff",
-           "exposed comm", "all-reduce / step", "bandwidth reached", "vs leader")
+           "exposed comm", "all-reduce / step", "bandwidth reached", "mem/rank GB", "vs leader")
 
 
 def _effect_text(effect: stats.Effect | None, percent: bool, exact: bool = False) -> str:
@@ -381,6 +407,7 @@ def _row(c: Cell) -> list[str]:
             "-" if c.allreduce_share is None else
             f"{c.allreduce_s * 1e3:.1f} ms = {100 * c.allreduce_share:.0f}%",
             "-" if c.bandwidth_reached is None else f"{100 * c.bandwidth_reached:.0f}%",
+            "-" if c.memory_gb is None else f"{c.memory_gb:.2f}",
             c.vs_fastest or "-"]
 
 

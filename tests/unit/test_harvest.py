@@ -811,6 +811,40 @@ def test_cells_that_differ_in_allocator_get_no_verdict_across_them(tmp_path):
     assert sorted(v["outcome"] for v in result.verdicts) == ["alone", "alone", "refused"]
 
 
+def _set_memory(run_dir: Path, peak_gb: float) -> None:
+    """Give a HAND-WRITTEN run's summary the memory record train/memory.py writes."""
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    recs[-1]["memory"] = {"measured": "cuda_max_allocated", "peak_bytes": peak_gb * 1e9,
+                          "params_bytes": 1e9, "grads_bytes": 1e9, "optimizer_bytes": 2e9}
+    write_run(run_dir, recs)
+
+
+def test_the_verdict_names_a_cell_that_trades_throughput_for_memory(tmp_path):
+    root = _campaign(tmp_path, {("distributed-ps", 2): [2000.0, 2010.0, 2005.0, 2015.0, 1995.0],
+                                ("horovod", 2): [1860.0, 1870.0, 1865.0, 1875.0, 1855.0],
+                                ("single-ps", 1): [900.0, 910.0, 905.0, 915.0, 895.0]})
+    for k in range(1, 6):
+        _set_memory(root / "distributed-ps-2n" / f"repeat-{k}", 10.0)
+        _set_memory(root / "horovod-2n" / f"repeat-{k}", 5.5)   # the sharded-like one
+        _set_memory(root / "single-ps-1n" / f"repeat-{k}", 12.0)  # alone on 1 node
+    result = json.loads(harvest.render(harvest.collect([root], query_slurm=False), "json"))
+    cells = {c["cell"]: c for c in result["cells"]}
+    assert cells["horovod 2n"]["memory_per_rank_gb"] == 5.5
+    two = next(v for v in result["verdict"] if v["nodes"] == 2)
+    assert two["fastest"] == "distributed-ps 2n"
+    assert two["memory_trades"] == [
+        "horovod 2n: 0.55x distributed-ps 2n's memory per rank at 0.93x its throughput"]
+    assert two["text"].endswith("; memory: " + two["memory_trades"][0])
+    one = next(v for v in result["verdict"] if v["nodes"] == 1)
+    assert one["memory_trades"] == [] and "memory" not in one["text"]
+    # More memory than the leader and slower is no trade: not named.
+    for k in range(1, 6):
+        _set_memory(root / "horovod-2n" / f"repeat-{k}", 11.0)
+    again = harvest.collect([root], query_slurm=False)
+    assert next(v for v in again.verdicts if v["nodes"] == 2)["memory_trades"] == []
+    assert "mem/rank GB" in harvest.render(again, "table")
+
+
 def test_a_cell_whose_loss_drifted_cannot_win(tmp_path):
     root = _campaign(tmp_path, {("distributed-ps", 2): [1000.0, 1001.0, 1002.0, 1003.0]},
                      communication="gloo", global_batch=16)
