@@ -42,7 +42,10 @@ CASES = {
     "ddp-gpus-per-task": ("distributed-ps", 2, sets("cluster.gpu_request=gpus-per-task")),
     "ddp-gres-torchrun": ("distributed-ps", 2, sets("cluster.gpu_request=gres",
                                                     "cluster.launcher=torchrun")),
-    "horovod-gres": ("horovod", 2, sets("cluster.gpu_request=gres")),
+    # --gpu-bind=closest: these devices have no CPU affinity, so every task of a node is as
+    # close to both GPUs and sees both (srun shows the same); LOCAL_RANK then picks.
+    "horovod-bound": ("horovod", 2, sets("cluster.gpu_request=gpus-per-task",
+                                         "cluster.gpu_bind=closest")),
     "dataparallel-gpus-per-node": ("single-ps", 1, sets("cluster.gpu_request=gpus-per-node")),
 }
 
@@ -114,9 +117,10 @@ def test_gres_with_torchrun_shares_the_nodes_gpus_one_per_local_rank(gpu_jobs):
     assert all(sorted(hints) == ["cuda:0", "cuda:1"] for hints in by_node.values()), by_node
 
 
-def test_horovod_over_srun_pmix_gets_one_gpu_per_local_rank(gpu_jobs):
-    run_dir, ranks = finished(gpu_jobs, "horovod-gres")
-    assert "--mpi=pmix" in (run_dir / "job.sbatch").read_text()
+def test_horovod_over_srun_pmix_bound_closest_gets_one_gpu_per_local_rank(gpu_jobs):
+    run_dir, ranks = finished(gpu_jobs, "horovod-bound")
+    script = (run_dir / "job.sbatch").read_text()
+    assert "--mpi=pmix" in script and "#SBATCH --gpu-bind=closest" in script
     assert len(ranks) == 4, ranks
     by_node: dict[str, list[str]] = {}
     for r in ranks:
