@@ -12,7 +12,6 @@ Two views, both per rank and taken as the largest over ranks (the rank that runs
 from __future__ import annotations
 
 import resource
-import sys
 from typing import Any
 
 import torch
@@ -28,8 +27,8 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _nbytes(tensors) -> int:
-    return sum(_local(t).numel() * _local(t).element_size() for t in tensors
-               if isinstance(t, torch.Tensor))
+    local = [_local(t) for t in tensors if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in local)
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
@@ -48,8 +47,7 @@ def peak_bytes(device: torch.device) -> tuple[int, str]:
     """This process's peak memory so far, and what was measured."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss * (1 if sys.platform == "darwin" else 1024), "peak_rss"  # KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_rss"  # KiB on Linux
 
 
 def summary(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Any,

@@ -82,6 +82,14 @@ def placements(run_dir: Path) -> list[dict]:
                   key=lambda r: r["rank"])
 
 
+def hints_by_node(ranks: list[dict]) -> dict[str, list[str]]:
+    """Each node's ranks' predicted devices ("cuda:1"), sorted."""
+    by_node: dict[str, list[str]] = {}
+    for r in ranks:
+        by_node.setdefault(r["node"], []).append(r["device_hint"].split()[0])
+    return {node: sorted(hints) for node, hints in by_node.items()}
+
+
 def finished(gpu_jobs, name: str) -> tuple[Path, list[dict]]:
     if name not in gpu_jobs:
         pytest.skip(f"{name}: Horovod is not installed (scripts/install-horovod.sh)")
@@ -111,10 +119,8 @@ def test_gres_with_torchrun_shares_the_nodes_gpus_one_per_local_rank(gpu_jobs):
     assert len(ranks) == 4 and len({r["node"] for r in ranks}) == 2, ranks
     for r in ranks:  # every worker of a node's torchrun sees the node's GPUs: LOCAL_RANK picks
         assert r["cuda_visible_devices"] == "0,1", r
-    by_node: dict[str, list[str]] = {}
-    for r in ranks:
-        by_node.setdefault(r["node"], []).append(r["device_hint"].split()[0])
-    assert all(sorted(hints) == ["cuda:0", "cuda:1"] for hints in by_node.values()), by_node
+    by_node = hints_by_node(ranks)
+    assert all(hints == ["cuda:0", "cuda:1"] for hints in by_node.values()), by_node
 
 
 def test_horovod_over_srun_pmix_bound_closest_gets_one_gpu_per_local_rank(gpu_jobs):
@@ -122,11 +128,9 @@ def test_horovod_over_srun_pmix_bound_closest_gets_one_gpu_per_local_rank(gpu_jo
     script = (run_dir / "job.sbatch").read_text()
     assert "--mpi=pmix" in script and "#SBATCH --gpu-bind=closest" in script
     assert len(ranks) == 4, ranks
-    by_node: dict[str, list[str]] = {}
-    for r in ranks:
-        assert r["cuda_visible_devices"] == "0,1", r
-        by_node.setdefault(r["node"], []).append(r["device_hint"].split()[0])
-    assert all(sorted(hints) == ["cuda:0", "cuda:1"] for hints in by_node.values()), by_node
+    assert all(r["cuda_visible_devices"] == "0,1" for r in ranks), ranks
+    by_node = hints_by_node(ranks)
+    assert all(hints == ["cuda:0", "cuda:1"] for hints in by_node.values()), by_node
 
 
 def test_dataparallel_is_one_task_with_every_gpu_of_its_node(gpu_jobs):
