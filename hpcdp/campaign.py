@@ -212,7 +212,7 @@ def _probes(profile: ClusterProfile, experiment: Experiment, folder: Path,
     for c in sorted(cells, key=lambda c: (c.nodes, c.strategy.name)):
         if not c.strategy.grad_comm or c.nodes * c.job.tasks_per_node < 2:
             continue
-        key = (c.strategy.mechanism, c.nodes)
+        key = (c.strategy.transport, c.nodes)
         if key not in probes:
             run_dir = where / f"{c.strategy.name}-{c.nodes}n"
             job = render.render_job(profile, experiment, c.strategy, c.nodes, run_dir=run_dir,

@@ -479,15 +479,20 @@ def cmd_cluster(args) -> int:
 
 
 def cmd_strategies(args) -> int:
-    chosen = [s for s in strategies.STRATEGIES if not (args.without_horovod and s.needs_horovod)]
+    chosen = [s for s in strategies.STRATEGIES
+              if not (args.without_horovod and s.needs_horovod) and (s.in_paper or not args.paper)]
     if args.names:  # for scripts: --set "matrix.strategies=[$(hpcdp strategies --names)]"
         print(", ".join(s.name for s in chosen))
         return 0
     print(f"{'NAME':<21} {'MECHANISM':<14} {'PROCESSES':<15} {'PRECISION':<10} {'NODES':<6} PAPER")
-    for s in chosen:
-        print(f"{s.name:<21} {s.mechanism:<14} {s.launch:<15} "
-              f"{'mixed' if s.mixed_precision else 'fp32':<10} "
-              f"{'1' if s.max_nodes == 1 else 'any':<6} {s.paper_name}")
+    for in_paper, title in ((True, None), (False, "beyond the paper (sharded data parallelism):")):
+        rows = [s for s in chosen if s.in_paper == in_paper]
+        if title and rows:
+            print(title)
+        for s in rows:
+            print(f"{s.name:<21} {s.mechanism:<14} {s.launch:<15} "
+                  f"{'mixed' if s.mixed_precision else 'fp32':<10} "
+                  f"{'1' if s.max_nodes == 1 else 'any':<6} {s.paper_name}")
     return 0
 
 
@@ -592,6 +597,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--names", action="store_true", help="only the names, comma-separated")
     p.add_argument("--without-horovod", action="store_true",
                    help="leave out the strategies that need Horovod")
+    p.add_argument("--paper", action="store_true",
+                   help="only the paper's six (leave out the sharded strategies)")
     p.set_defaults(func=cmd_strategies)
 
     p = sub.add_parser("harvest", help="tables and plots from finished runs")

@@ -205,6 +205,17 @@ class DataConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FSDPConfig:
+    """The sharded strategies' settings (fsdp, fsdp-apex, hsdp)."""
+
+    reshard_after_forward: bool = True
+    """true: free each block's gathered parameters after its forward and gather them again
+    for backward (ZeRO-3: least memory, one more all-gather per block); false: keep them until
+    backward (ZeRO-2: gradients and optimizer state sharded, parameters whole between forward
+    and backward)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     steps: int = 20
     """Optimizer steps."""
@@ -248,6 +259,7 @@ class TrainConfig:
     """native: torch.autocast + torch.amp.GradScaler; apex: NVIDIA apex.amp (legacy, CUDA)."""
     apex_opt_level: Literal["O1", "O2"] = "O1"
     compile: bool = False
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     malloc: Literal["auto", "tcmalloc", "jemalloc", "system"] = "auto"
     """The C allocator of training processes (train/malloc.py). auto: tcmalloc where installed,
     on hosts without GPUs and outside Horovod's MPI controller (glibc's malloc made CPU steps
@@ -321,7 +333,7 @@ class TrainConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Matrix:
-    strategies: list[str] = field(default_factory=lambda: list(strategies.NAMES))
+    strategies: list[str] = field(default_factory=lambda: list(strategies.PAPER_NAMES))
     nodes: list[int] = field(default_factory=lambda: [1])
 
     def __post_init__(self) -> None:

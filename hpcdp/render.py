@@ -180,8 +180,9 @@ def script_context(profile: ClusterProfile, experiment: Experiment, strategy: St
         "tasks_per_node": tasks,
         "world_size": nodes * tasks,
         "directives": sbatch_directives(profile, strategy, nodes, name),
-        # One torchrun per node starts the node's ranks: DDP only (Horovod needs srun's MPI).
-        "torchrun_per_node": (profile.launcher == "torchrun" and strategy.mechanism == "ddp"),
+        # One torchrun per node starts the node's ranks: torch.distributed strategies only
+        # (Horovod needs srun's MPI).
+        "torchrun_per_node": profile.launcher == "torchrun" and strategy.transport == "torch",
         "profile": profile,
         "modules": profile.modules,
         "setup": profile.setup,
@@ -223,6 +224,7 @@ def render_job(profile: ClusterProfile, experiment: Experiment, strategy: Strate
     run_dir: the cell's folder, where not the default under output_dir (a campaign's).
     command: what `python -m train` does (run; allreduce: a campaign's network baseline)."""
     strategy.check_nodes(nodes)
+    strategy.check_tasks_per_node(strategy.tasks_per_node(profile.devices_per_node()))
     strategy.check_grad_comm(experiment.train.grad_comm)
     _check_global_batch(profile, experiment, strategy, nodes)
     tasks = strategy.tasks_per_node(profile.devices_per_node())
@@ -300,7 +302,7 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
 
 
 def holds_a_run(run_dir: Path) -> bool:
-    return (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("*.pt"))
+    return (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("step-*"))
 
 
 def _earlier_settings(experiment_file: Path) -> dict[str, object]:

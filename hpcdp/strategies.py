@@ -1,7 +1,9 @@
-"""The paper's data-parallel strategies, as data: one StrategySpec each.
+"""The data-parallel strategies, as data: one StrategySpec each.
 
-This is the only place that knows strategy names. Six names map to four implementations; the
-"-apex" suffix is precision (mixed), not an implementation. Everything else (templates, train/,
+This is the only place that knows strategy names. The paper's six names map to four
+implementations; the "-apex" suffix is precision (mixed), not an implementation. Four more go
+beyond the paper: the sharded forms of data parallelism (FSDP2 as ZeRO-3/2, its mixed-precision
+form, HSDP, ZeRO-1). Everything else (templates, train/,
 harvest, the CLI and the demo) reads a spec's fields and never compares names. Adding a
 strategy is one entry here plus its implementation, one file under train/strategies/: hpcdp/
 names that class as a string, so it never imports torch.
@@ -20,6 +22,9 @@ from hpcdp.errors import UsageError, did_you_mean
 # its node (uses_all_node_devices); "one-per-device": one process per GPU (per CPU rank on
 # CPU nodes), started by srun.
 Launch = Literal["one-per-node", "one-per-device"]
+# What carries gradients between processes: torch.distributed (DDP, FSDP, ZeRO: they share
+# torchrun's launch and one network probe per campaign), Horovod, or nothing (one process).
+Transport = Literal["none", "torch", "horovod"]
 TEMPLATES: dict[str, str] = {"one-per-node": "single.sbatch.j2",
                              "one-per-device": "per_device.sbatch.j2"}
 """The launch family in templates/ that renders each kind of launch."""
@@ -48,6 +53,11 @@ class StrategySpec:
     """How `hpcdp run` starts it on this machine without Slurm."""
     needs_horovod: bool = False
     """Horovod must be installed where it runs (preflight checks it; the template uses it)."""
+    transport: Transport = "none"
+    in_paper: bool = True
+    """One of the paper's six; False: beyond the paper (the sharded strategies)."""
+    min_tasks_per_node: int = 1
+    """Processes a node must hold (HSDP shards within a node: 2)."""
     aliases: tuple[str, ...] = ()
     grad_comm: tuple[str, ...] = ()
     """Precisions it can send gradients in (train.grad_comm); empty: gradients never travel
@@ -83,6 +93,14 @@ class StrategySpec:
         if self.uses_all_node_devices:
             return max(1, gpus_on_node)
         return self.tasks_per_node(devices_per_node)
+
+    def check_tasks_per_node(self, tasks: int) -> None:
+        if tasks < self.min_tasks_per_node:
+            raise UsageError(
+                f"strategy {self.name!r} needs {self.min_tasks_per_node} or more processes per "
+                f"node (it shards within a node and replicates across nodes), not {tasks}; "
+                "give nodes more GPUs (cluster.gpus_per_node) or CPU ranks "
+                "(cluster.cpu_ranks_per_node), or use fsdp")
 
     def check_nodes(self, nodes: int) -> None:
         if nodes < 1:
@@ -125,6 +143,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         mixed_precision=False,
         max_nodes=None,
         local_launcher="torchrun",
+        transport="torch",
         grad_comm=("fp32", "bf16", "fp16"),
         aliases=("ddp", "dps"),
     ),
@@ -136,6 +155,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         mixed_precision=False,
         max_nodes=None,
         local_launcher="horovodrun",
+        transport="horovod",
         # Horovod compresses to fp16 only (hvd.Compression.fp16; its ops take no bfloat16).
         grad_comm=("fp32", "fp16"),
         needs_horovod=True,
@@ -149,6 +169,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         mixed_precision=True,
         max_nodes=None,
         local_launcher="torchrun",
+        transport="torch",
         grad_comm=("fp32", "bf16", "fp16"),
         aliases=("ddp-apex", "dps-apex", "ddp-amp"),
     ),
@@ -160,10 +181,65 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         mixed_precision=True,
         max_nodes=None,
         local_launcher="horovodrun",
+        transport="horovod",
         # Horovod compresses to fp16 only (hvd.Compression.fp16; its ops take no bfloat16).
         grad_comm=("fp32", "fp16"),
         needs_horovod=True,
         aliases=("hvd-apex", "horovod-amp"),
+    ),
+    # Beyond the paper: the sharded forms of data parallelism (docs/strategies.md).
+    StrategySpec(
+        name="fsdp",
+        paper_name="- (beyond the paper: FSDP2, ZeRO-3 or ZeRO-2)",
+        implementation="train.strategies.fsdp:FSDPStrategy",
+        launch="one-per-device",
+        mixed_precision=False,
+        max_nodes=None,
+        local_launcher="torchrun",
+        transport="torch",
+        in_paper=False,
+        grad_comm=("fp32", "bf16", "fp16"),
+        aliases=("fsdp2",),
+    ),
+    StrategySpec(
+        name="fsdp-apex",
+        paper_name="- (beyond the paper: FSDP2 + mixed precision)",
+        implementation="train.strategies.fsdp:FSDPStrategy",
+        launch="one-per-device",
+        mixed_precision=True,
+        max_nodes=None,
+        local_launcher="torchrun",
+        transport="torch",
+        in_paper=False,
+        grad_comm=("fp32", "bf16", "fp16"),
+        aliases=("fsdp-amp", "fsdp2-amp"),
+    ),
+    StrategySpec(
+        name="hsdp",
+        paper_name="- (beyond the paper: FSDP2 sharded in a node, replicated across nodes)",
+        implementation="train.strategies.fsdp:HSDPStrategy",
+        launch="one-per-device",
+        mixed_precision=False,
+        max_nodes=None,
+        local_launcher="torchrun",
+        transport="torch",
+        in_paper=False,
+        min_tasks_per_node=2,
+        grad_comm=("fp32", "bf16", "fp16"),
+        aliases=("hybrid-shard",),
+    ),
+    StrategySpec(
+        name="zero1",
+        paper_name="- (beyond the paper: ZeRO-1, DDP + ZeroRedundancyOptimizer)",
+        implementation="train.strategies.zero:ZeroStrategy",
+        launch="one-per-device",
+        mixed_precision=False,
+        max_nodes=None,
+        local_launcher="torchrun",
+        transport="torch",
+        in_paper=False,
+        grad_comm=("fp32", "bf16", "fp16"),
+        aliases=("zero-1", "zero"),
     ),
 )
 
@@ -173,12 +249,15 @@ assert BASELINE.name == "single-gpu"
 
 _BY_NAME: dict[str, StrategySpec] = {}
 NAMES: tuple[str, ...] = ()
+PAPER_NAMES: tuple[str, ...] = ()
+"""The paper's six: an experiment's matrix when it names none."""
 
 
 def _index() -> None:
-    global _BY_NAME, NAMES
+    global _BY_NAME, NAMES, PAPER_NAMES
     _BY_NAME = {s.name: s for s in STRATEGIES} | {a: s for s in STRATEGIES for a in s.aliases}
     NAMES = tuple(s.name for s in STRATEGIES)
+    PAPER_NAMES = tuple(s.name for s in STRATEGIES if s.in_paper)
 
 
 _index()

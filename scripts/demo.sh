@@ -13,7 +13,7 @@ export OMP_NUM_THREADS=1
 sets=()
 if ! .venv/bin/python -c "import horovod.torch" 2>/dev/null; then
     echo "demo: Horovod is not installed (scripts/install-horovod.sh); leaving horovod out"
-    sets=(--set "matrix.strategies=[$("$HPCDP" strategies --names --without-horovod)]")
+    sets=(--set "matrix.strategies=[$("$HPCDP" strategies --names --paper --without-horovod)]")
 fi
 
 if "$HPCDP" cluster up; then

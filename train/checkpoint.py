@@ -1,4 +1,6 @@
-"""Checkpoints: DIR/checkpoints/step-NNNNNNN.pt, written by rank 0 atomically (temp + rename).
+"""Checkpoints: DIR/checkpoints/step-NNNNNNN.pt, written by rank 0 atomically (temp + rename);
+for the sharded strategies (FSDP, HSDP) DIR/checkpoints/step-NNNNNNN.dcp/, a folder in which
+every rank writes its shard with torch.distributed.checkpoint (DCP), renamed into place whole.
 
 A checkpoint holds everything needed to continue as if never stopped: model, optimizer, scaler,
 step, the data stream's position, RNG states and the resolved experiment. A requeued Slurm job
@@ -8,10 +10,13 @@ Beside each, step-NNNNNNN.pt.sha256 records its size and digest when it was writ
 short or damaged later (a full disk, a node lost while copying, a truncate) is found before
 torch reads it, and the resume falls back to the previous checkpoint (keep_checkpoints >= 2).
 A disk that fills while writing ends the run with one line saying so; the temporary file goes.
+A sharded checkpoint's digest covers every file of its folder; loading it at another world size
+reshards (DCP reads each rank's slices of the saved global tensors).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -19,6 +24,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +33,12 @@ import torch
 
 from hpcdp.errors import UsageError
 
-_NAME = re.compile(r"step-(\d{7,})\.pt")
-_TEMP = re.compile(r"\.step-\d{7,}\.pt\.tmp-(\d+)")
+_NAME = re.compile(r"step-(\d{7,})\.(?:pt|dcp)")
+_TEMP = re.compile(r"\.step-\d{7,}\.(?:pt|dcp)\.tmp-(\d+)")
 DIGEST_SUFFIX = ".sha256"
+SHARDED_SUFFIX = ".dcp"
+EXTRA_FILE = "extra.pt"
+"""In a sharded checkpoint: what is not a shard (step, data stream, RNG, config), rank 0's."""
 
 
 class CheckpointError(UsageError):
@@ -42,8 +51,12 @@ def checkpoint_dir(out_dir: Path) -> Path:
     return Path(out_dir) / "checkpoints"
 
 
-def path_for(out_dir: Path, step: int) -> Path:
-    return checkpoint_dir(out_dir) / f"step-{step:07d}.pt"
+def path_for(out_dir: Path, step: int, sharded: bool = False) -> Path:
+    return checkpoint_dir(out_dir) / f"step-{step:07d}{SHARDED_SUFFIX if sharded else '.pt'}"
+
+
+def is_sharded(path: Path) -> bool:
+    return Path(path).suffix == SHARDED_SUFFIX
 
 
 def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
@@ -83,12 +96,31 @@ def digest_path(path: Path) -> Path:
     return path.with_name(path.name + DIGEST_SUFFIX)
 
 
+def _files(path: Path) -> list[Path]:
+    """A checkpoint's files: itself, or every file of its folder in name order."""
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in _files(path))
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
+    for file in _files(path):
+        if path.is_dir():
+            h.update(str(file.relative_to(path)).encode() + b"\0")
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
     return h.hexdigest()
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _payload_bytes(obj: Any) -> int:
@@ -107,7 +139,8 @@ def _remove_stale_temps(folder: Path) -> None:
     for p in folder.iterdir():
         m = _TEMP.fullmatch(p.name)
         if m and int(m.group(1)) != os.getpid():
-            p.unlink(missing_ok=True)
+            _remove(p)
+            digest_path(p).unlink(missing_ok=True)
 
 
 def save(out_dir: Path, step: int, payload: dict[str, Any], keep: int = 2) -> Path:
@@ -117,29 +150,75 @@ def save(out_dir: Path, step: int, payload: dict[str, Any], keep: int = 2) -> Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(path.parent)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with _cleaned_on_failure(tmp, path, _payload_bytes(payload)):
         torch.save(payload, tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        record = {"bytes": tmp.stat().st_size, "sha256": _sha256(tmp)}
-        sidecar = digest_path(tmp)
-        sidecar.write_text(json.dumps(record) + "\n")
-    except (OSError, RuntimeError) as exc:
-        tmp.unlink(missing_ok=True)
+    return _commit(tmp, path, out_dir, keep)
+
+
+def sharded_temp(out_dir: Path, step: int, token: int) -> Path:
+    """The folder every rank writes a sharded checkpoint into: named after rank 0's pid
+    (`token`, broadcast), so that every rank names the same one."""
+    path = path_for(out_dir, step, sharded=True)
+    return path.with_name(f".{path.name}.tmp-{token}")
+
+
+def save_sharded(out_dir: Path, step: int, shards: dict[str, Any], extra: dict[str, Any],
+                 token: int, is_main: bool, keep: int = 2) -> Path | None:
+    """Every rank calls this (DCP's save is collective); rank 0 then writes `extra`, records the
+    folder's digest, renames it into place and prunes. Returns the path on rank 0."""
+    import torch.distributed.checkpoint as dcp
+
+    path = path_for(out_dir, step, sharded=True)
+    tmp = sharded_temp(out_dir, step, token)
+    needed = _payload_bytes(shards)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not is_main:
+        dcp.save(shards, checkpoint_id=str(tmp))
+        return None
+    _remove_stale_temps(path.parent)
+    with _cleaned_on_failure(tmp, path, needed):
+        dcp.save(shards, checkpoint_id=str(tmp))
+        torch.save(extra, tmp / EXTRA_FILE)
+        for file in _files(tmp):
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+    return _commit(tmp, path, out_dir, keep)
+
+
+@contextlib.contextmanager
+def _cleaned_on_failure(tmp: Path, path: Path, needed: int) -> Iterator[None]:
+    """A failed write removes its temporary file or folder; a full disk becomes one line."""
+    try:
+        yield
+    except Exception as exc:
+        _remove(tmp)
         digest_path(tmp).unlink(missing_ok=True)
-        needed = _payload_bytes(payload)
         free = shutil.disk_usage(path.parent).free
-        # torch reports a full disk as a RuntimeError ("file write failed", "unexpected pos")
-        if getattr(exc, "errno", None) == errno.ENOSPC or free < needed:
+        # torch reports a full disk as a RuntimeError ("file write failed", "unexpected pos"),
+        # DCP as a CheckpointException around the rank's OSError.
+        if (getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc)
+                or free < needed):
             raise CheckpointError(
                 f"no space left on device writing checkpoint {path} ({needed / 1e6:.0f} MB "
                 f"needed, {free / 1e6:.0f} MB free); older checkpoints are intact: free space "
                 "and run again to resume") from None
         raise
+
+
+def _commit(tmp: Path, path: Path, out_dir: Path, keep: int) -> Path:
+    """Record the written checkpoint's size and digest, rename both into place, prune."""
+    record = {"bytes": _size(tmp), "sha256": _sha256(tmp)}
+    sidecar = digest_path(tmp)
+    with _cleaned_on_failure(tmp, path, 1):
+        sidecar.write_text(json.dumps(record) + "\n")
     os.replace(sidecar, digest_path(path))
+    if path.is_dir():  # a folder left by a run killed between renames: this one replaces it
+        shutil.rmtree(path)
     os.replace(tmp, path)
     for _, old in list_checkpoints(out_dir)[:-keep]:
-        old.unlink(missing_ok=True)
+        _remove(old)
         digest_path(old).unlink(missing_ok=True)
     return path
 
@@ -154,7 +233,7 @@ def damage(path: Path) -> str | None:
         return None
     except (OSError, ValueError):
         return "its digest record is unreadable"
-    size = path.stat().st_size
+    size = _size(path)
     if size != record.get("bytes"):
         return f"{size:,} bytes, {record.get('bytes'):,} when written"
     if _sha256(path) != record.get("sha256"):
@@ -187,5 +266,17 @@ def newest_intact(out_dir: Path, log=print) -> Path | None:
 
 
 def load(path: Path) -> dict[str, Any]:
+    """A file checkpoint's whole state, or a sharded one's `extra` (its shards are read by
+    load_shards, into the running model's layout)."""
+    path = Path(path)
     # weights_only=False: our own files, and they hold numpy/python RNG states.
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path / EXTRA_FILE if path.is_dir() else path, map_location="cpu",
+                      weights_only=False)
+
+
+def load_shards(path: Path, shards: dict[str, Any]) -> None:
+    """Fill `shards` (this rank's state dicts, as get_state_dict gives them) from a sharded
+    checkpoint, resharding where it was written by another number of ranks. Collective."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(shards, checkpoint_id=str(path))

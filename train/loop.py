@@ -87,6 +87,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     grad_norm = torch.nn.utils.clip_grad_norm_(
         list(precision.master_params(optimizer)), grad_clip if grad_clip > 0 else math.inf
     )
+    if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over the ranks' shards
+        grad_norm = grad_norm.full_tensor()
     with strategy.optimizer_step_context(optimizer):
         skipped = precision.step(optimizer)
     optimizer.zero_grad()  # set_to_none is the default; Horovod's takes no argument
@@ -267,17 +269,29 @@ class Training:
             and time.monotonic() - self.last_saved >= cfg.checkpoint_every_s))
 
     def save(self, step: int, metrics: MetricsWriter) -> None:
+        """Every rank calls this: rank 0 writes the whole state to one file, or (sharded
+        strategies) every rank writes its shard."""
         self.last_saved = time.monotonic()
-        if not self.strategy.is_main:
-            return
-        path = checkpoint.save(self.out_dir, step, {
-            "model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "precision": self.precision.state_dict(), "step": step,
-            "data": self.batches.state_dict(), "rng": checkpoint.rng_state(),
-            "config": as_dict(self.exp), "strategy": self.spec.name,
-            "world_size": self.strategy.world_size, "sample_layout": self.sample_layout(),
-        }, keep=self.exp.train.keep_checkpoints)
-        metrics.write("checkpoint", step=step, path=str(path))
+        strategy, keep = self.strategy, self.exp.train.keep_checkpoints
+        strategy.before_checkpoint(self.optimizer)
+        state = {"precision": self.precision.state_dict(), "step": step,
+                 "data": self.batches.state_dict(), "rng": checkpoint.rng_state(),
+                 "config": as_dict(self.exp), "strategy": self.spec.name,
+                 "world_size": strategy.world_size, "sample_layout": self.sample_layout()}
+        if strategy.checkpoint_format == "sharded":
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+
+            model_state, optimizer_state = get_state_dict(self.raw_model, self.optimizer)
+            token = strategy.broadcast_object(os.getpid(), name="checkpoint_token")
+            path = checkpoint.save_sharded(
+                self.out_dir, step, {"model": model_state, "optimizer": optimizer_state}, state,
+                token, strategy.is_main, keep=keep)
+        elif strategy.is_main:
+            path = checkpoint.save(self.out_dir, step, {
+                "model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                **state}, keep=keep)
+        if strategy.is_main:
+            metrics.write("checkpoint", step=step, path=str(path))
 
     def sample_layout(self) -> dict[str, int]:
         """What the data stream's position means: sequences drawn per micro-step over all
@@ -310,12 +324,22 @@ def setup(exp: Experiment, spec: registry.StrategySpec, strategy: Strategy, out_
                         precision=precision, raw_model=raw_model, model=model,
                         optimizer=optimizer, batches=batches, batch_size=batch_size,
                         accum_steps=accum_steps)
-    if resume:
-        _resume(training, log)
     if spec.grad_comm:  # only where gradients travel between processes
         spec.check_grad_comm(cfg.grad_comm)
         strategy.grad_comm = cfg.grad_comm
+    strategy.compute_dtype, strategy.settings = precision.name, cfg
+    if strategy.casts_parameters:
+        if precision.backend == "apex":
+            raise UsageError(f"train.amp_backend 'apex': {spec.name} does mixed precision itself "
+                             "(FSDP's MixedPrecisionPolicy); use train.amp_backend=native")
+        precision.use_autocast = False
+    if strategy.shards_gradients:
+        precision.agree_on_overflow = strategy.all_reduce_max_
     _wrap(training, log)
+    # After the wrapper: a sharded strategy's state exists only once its model is sharded
+    # (and Horovod's and ZeRO's optimizers are new objects).
+    if resume:
+        _resume(training, log)
     training.model.train()
     return training
 
@@ -347,10 +371,23 @@ def _resume(t: Training, log: Callable[[str], None]) -> None:
             "starting fresh")
         return
     state = checkpoint.load(Path(found))
+    _check_same_family(state, t, found)
     _check_compatible(state["config"], t.exp, found)
     _check_same_samples(state, t, found, log)
-    t.raw_model.load_state_dict(state["model"])
-    t.optimizer.load_state_dict(state["optimizer"])
+    if checkpoint.is_sharded(Path(found)):
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optimizer_state = get_state_dict(t.raw_model, t.optimizer)
+        shards = {"model": model_state, "optimizer": optimizer_state}
+        checkpoint.load_shards(Path(found), shards)  # into this job's layout: reshards
+        set_state_dict(t.raw_model, t.optimizer, model_state_dict=shards["model"],
+                       optim_state_dict=shards["optimizer"])
+        if state["world_size"] != t.strategy.world_size:
+            log(f"train: resharded the checkpoint's state from {state['world_size']} ranks to "
+                f"{t.strategy.world_size}")
+    else:
+        t.raw_model.load_state_dict(state["model"])
+        t.optimizer.load_state_dict(state["optimizer"])
     t.precision.load_state_dict(state["precision"])
     t.batches.load_state_dict(state["data"])
     t.start_step, t.resumed_from = state["step"], found
@@ -532,6 +569,8 @@ def replica_check(model: torch.nn.Module, strategy: Strategy,
     """sha256 of the parameters, and whether every rank holds bit-identical ones."""
     digest = hashlib.sha256()
     for name, tensor in model.state_dict().items():
+        if hasattr(tensor, "full_tensor"):  # a DTensor shard (FSDP): its replica's whole value
+            tensor = tensor.full_tensor()
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     mine = digest.hexdigest()
@@ -540,6 +579,21 @@ def replica_check(model: torch.nn.Module, strategy: Strategy,
     differs = torch.tensor(0.0 if strategy.broadcast_object(mine, name="params_sha256") == mine
                            else 1.0, device=device)
     return mine, strategy.mean(differs).item() == 0.0
+
+
+def _check_same_family(state: dict, t: Training, path: str) -> None:
+    """A sharded strategy resumes only from sharded checkpoints, the others only from one
+    file of the whole state."""
+    sharded = checkpoint.is_sharded(Path(path))
+    if sharded == (t.strategy.checkpoint_format == "sharded"):
+        return
+
+    def kind(shards: bool) -> str:
+        return ("sharded checkpoints (one shard per rank, torch.distributed.checkpoint)" if shards
+                else "checkpoints of the whole state in one file")
+    raise UsageError(f"checkpoint {path} is one of {state['strategy']}'s {kind(sharded)}; "
+                     f"{t.spec.name} resumes only from {kind(not sharded)}: use another --out "
+                     "or --fresh")
 
 
 def _check_compatible(saved: dict, exp: Experiment, path: str) -> None:

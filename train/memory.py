@@ -31,13 +31,13 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in local)
 
 
-def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def state_bytes(model: torch.nn.Module, optimizer_state: dict) -> dict[str, int]:
     """Parameters, gradients and optimizer state (moments, steps) this rank holds. Gradients
     are freed after each step (zero_grad sets them to None), so they count as a step holds
     them: one per trainable parameter, as large as its local part (DDP's buckets, a copy,
     are in the peak but not here)."""
     params = list(model.parameters())
-    opt_tensors = [v for state in optimizer.state.values() for v in state.values()]
+    opt_tensors = [v for state in optimizer_state.values() for v in state.values()]
     return {"params_bytes": _nbytes(params),
             "grads_bytes": _nbytes(p for p in params if p.requires_grad),
             "optimizer_bytes": _nbytes(opt_tensors)}
@@ -55,7 +55,7 @@ def summary(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: 
     """The summary's `memory`: each figure the largest over ranks. Every rank must call it
     (one all-reduce of four numbers)."""
     peak, measured = peak_bytes(device)
-    state = state_bytes(model, optimizer)
+    state = state_bytes(model, strategy.optimizer_state(optimizer))
     values = torch.tensor([float(peak), *(float(state[k]) for k in STATE)], dtype=torch.float64,
                           device=device)
     strategy.all_reduce_max_(values)

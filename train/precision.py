@@ -38,6 +38,11 @@ class Precision:
     device_type: str
     backend: str = "native"
     scaler: torch.amp.GradScaler = field(init=False)
+    use_autocast: bool = True
+    """False where the strategy computes in the low precision itself (FSDP's parameters)."""
+    agree_on_overflow: Callable[[torch.Tensor], None] | None = None
+    """An in-place maximum over ranks, where each rank sees only a shard of the gradients: an
+    inf in one rank's shard must skip the step on every rank."""
 
     def __post_init__(self) -> None:
         # bf16 has fp32's exponent range: no loss scaling needed.
@@ -48,7 +53,7 @@ class Precision:
         return self.scaler.is_enabled()
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.name == "fp32":
+        if self.name == "fp32" or not self.use_autocast:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=_DTYPES[self.name])
 
@@ -64,6 +69,12 @@ class Precision:
         if last:
             before_unscale()
             self.scaler.unscale_(optimizer)
+            if self.agree_on_overflow is not None and self.uses_scaler:
+                # GradScaler keeps what unscale_ found per device only in this private table;
+                # scaler.step reads it from there (torch 2.13).
+                found = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+                for flag in found.values():
+                    self.agree_on_overflow(flag)
 
     def master_params(self, optimizer: Any) -> Iterator[torch.Tensor]:
         for group in optimizer.param_groups:

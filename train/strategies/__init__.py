@@ -38,6 +38,19 @@ class Strategy:
     grad_comm: str = "none"
     """The precision gradients travel in (train.grad_comm), set before `wrap` for the
     strategies that send them; "none" where gradients never leave the process."""
+    compute_dtype: str = "fp32"
+    """The run's precision (fp32, bf16, fp16), set before `wrap`."""
+    settings: Any = None
+    """The experiment's train section (TrainConfig), set before `wrap`."""
+    casts_parameters: bool = False
+    """The wrapper computes in compute_dtype itself (FSDP's MixedPrecisionPolicy): the loop
+    then runs no autocast."""
+    shards_gradients: bool = False
+    """Each rank holds a shard of every gradient (FSDP): a GradScaler's overflow check must be
+    agreed over ranks, or one rank would skip a step the others take."""
+    checkpoint_format: str = "file"
+    """file: every replica holds the whole state and rank 0 writes it to one file; sharded:
+    every rank writes its shard with torch.distributed.checkpoint (train/checkpoint.py)."""
     compile_around_wrapper: bool = False
     """train.compile compiles the wrapped model (True) or the model before `wrap` (False)."""
     log: Any = print
@@ -55,6 +68,14 @@ class Strategy:
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              accum_steps: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         return model, optimizer
+
+    def before_checkpoint(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called on every rank before rank 0 reads the state it saves (ZeRO-1 gathers its
+        optimizer's shards on rank 0 here)."""
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The per-parameter optimizer state this rank holds (memory per rank)."""
+        return optimizer.state
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         """Context for micro-steps whose gradients must not be communicated yet."""

@@ -73,9 +73,9 @@ class HorovodStrategy(Strategy):
         hvd = self.hvd
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         # No hvd.broadcast_optimizer_state: a fresh optimizer is identical on every rank, and a
-        # resumed one loaded the same checkpoint on every rank. Horovod's broadcast would take a
-        # zero-gradient AdamW step on a fresh optimizer, and on a resumed one round every
-        # hyper-parameter (betas, eps, weight decay) through a float32 tensor, so a resumed
+        # resumed one loads the same checkpoint on every rank (after wrap). Horovod's broadcast
+        # would take a zero-gradient AdamW step on a fresh optimizer, and on a resumed one round
+        # every hyper-parameter (betas, eps, weight decay) through a float32 tensor, so a resumed
         # run would drift from the uninterrupted one after its first step.
         distributed = hvd.DistributedOptimizer(
             optimizer,
@@ -83,9 +83,8 @@ class HorovodStrategy(Strategy):
             backward_passes_per_step=accum_steps,
             compression=hvd.Compression.fp16 if self.grad_comm == "fp16" else hvd.Compression.none,
         )
-        # DistributedOptimizer is a new optimizer built from the old one's param_groups only:
-        # carry the state over, or a resumed run restarts AdamW's moments from zero.
-        distributed.load_state_dict(optimizer.state_dict())
+        # DistributedOptimizer is a new optimizer built from the old one's param_groups only;
+        # a resumed run loads its state after `wrap` (train/loop.py).
         return model, distributed
 
     # One rank (self.hvd None after setup): the base class's one-process answers.
