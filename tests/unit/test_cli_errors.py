@@ -19,6 +19,11 @@ BAD_INPUTS = [
     (["render", "--set", "train.amp_dtype=fp8"], ["'fp8'", "fp16", "bf16"]),
     (["render", "--set", "cluster.time_limit=forever"], ["'forever'", "HH:MM:SS"]),
     (["render", "--set", "matrix.strategies=[ddp,zero3]"], ["'zero3'", "distributed-ps"]),
+    # HSDP shards within a node: the local profile's one CPU rank per node cannot.
+    (["render", "--strategy", "hsdp", "--nodes", "2"],
+     ["'hsdp'", "2 or more processes per node", "not 1", "cluster.cpu_ranks_per_node"]),
+    (["render", "--set", "train.fsdp.reshard_after_forward=sometimes"],
+     ["train.fsdp.reshard_after_forward", "'sometimes'", "bool"]),
     (["render", "--set", "cluster.partition=gpu;reboot"], ["'gpu;reboot'", "cluster.partition"]),
     (["render", "--experiment", "/does/not/exist.yaml"],
      ["'/does/not/exist.yaml'", "does not exist"]),
