@@ -278,3 +278,18 @@ def test_a_run_folder_from_before_a_new_setting_is_still_continued(tmp_path):
     job.experiment_file.write_text(yaml.safe_dump(older))
     with pytest.raises(UsageError, match="holds a run trained with train.lr=1.0"):
         render.check_continuable([job], experiment)
+
+
+def test_the_modern_experiment_renders_a_gpu_campaign_of_every_strategy(tmp_path):
+    """experiments/modern.yaml: the paper's six and the sharded ones on 1, 2 and 4 GPU nodes."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "hpcdp", "compare", "--experiment", "modern",
+                           "--cluster", "generic-gpu", "--dry-run"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "(130 cells; nothing written, nothing submitted)" in done.stdout
+    for spec in strategies.STRATEGIES:  # the one-node strategies on 1 node only
+        assert f"{spec.name}-{spec.max_nodes or 4}n-r1" in done.stdout, spec.name
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
