@@ -36,6 +36,11 @@ run bf16 distributed-ps-apex --set train.amp_dtype=bf16
 run bf16-compile distributed-ps-apex --set train.amp_dtype=bf16 --set train.compile=true
 run ddp-1rank distributed-ps
 run dataparallel-1gpu single-ps
+# The sharded strategies as one rank: FSDP2's hooks and casts, ZeRO-1's optimizer wrapper.
+run fsdp-1rank fsdp
+run fsdp-fp16-scaler fsdp-apex --set train.amp_dtype=fp16
+run fsdp-bf16 fsdp-apex --set train.amp_dtype=bf16
+run zero1-1rank zero1
 if "$PY" -c "import horovod.torch" 2>/dev/null; then
     run horovod-1rank horovod
 else

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _common  # noqa: E402
 from _common import PYTHON, ROOT  # noqa: E402
 
-FP32 = ["single-gpu", "single-ps", "distributed-ps", "horovod"]
-BF16 = ["distributed-ps-apex", "horovod-apex"]
+FP32 = ["single-gpu", "single-ps", "distributed-ps", "horovod", "fsdp", "zero1"]  # hsdp: 2+ ranks
+BF16 = ["distributed-ps-apex", "horovod-apex", "fsdp-apex"]
 MODEL_SETTINGS = {
     "tiny": [],
     "gpt2-124m": ["model.preset=gpt2-124m", "train.seq_len=256", "train.micro_batch_size=1"],
