@@ -223,11 +223,11 @@ def render_job(profile: ClusterProfile, experiment: Experiment, strategy: Strate
     """Render the script for one (strategy, nodes) cell. Pure: writes nothing.
     run_dir: the cell's folder, where not the default under output_dir (a campaign's).
     command: what `python -m train` does (run; allreduce: a campaign's network baseline)."""
+    tasks = strategy.tasks_per_node(profile.devices_per_node())
     strategy.check_nodes(nodes)
-    strategy.check_tasks_per_node(strategy.tasks_per_node(profile.devices_per_node()))
+    strategy.check_tasks_per_node(tasks)
     strategy.check_grad_comm(experiment.train.grad_comm)
     _check_global_batch(profile, experiment, strategy, nodes)
-    tasks = strategy.tasks_per_node(profile.devices_per_node())
     run_dir = run_dir or run_dir_for(profile, experiment, strategy, nodes, output_dir)
     # Each run keeps its own resolved experiment: a later render with other --set values
     # must not change what a queued or requeued job trains.

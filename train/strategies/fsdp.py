@@ -15,6 +15,7 @@ gathered and computed in bf16/fp16, gradients reduced in train.grad_comm's preci
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -52,9 +53,7 @@ class FSDPStrategy(DDPStrategy):
         # The root's parameters are needed again at once by the loss: never resharded early.
         # Its logits come back in fp32, for the loss.
         fully_shard(gpt2, mesh=self.mesh, reshard_after_forward=False,
-                    mp_policy=MixedPrecisionPolicy(param_dtype=compute,
-                                                   reduce_dtype=DTYPES[self.grad_comm],
-                                                   output_dtype=torch.float32))
+                    mp_policy=dataclasses.replace(policy, output_dtype=torch.float32))
         self._root = gpt2
         sharded = dict(model.named_parameters())
         groups = [{**{k: v for k, v in group.items() if k != "params"},

@@ -31,8 +31,9 @@ class ZeroStrategy(DDPStrategy):
     def optimizer_state(self, optimizer):
         # ZeroRedundancyOptimizer.state is the full table's shape; its own optimizer holds the
         # partition this rank steps.
-        return optimizer.optim.state if isinstance(optimizer, ZeroRedundancyOptimizer) \
-            else optimizer.state
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            return optimizer.optim.state
+        return super().optimizer_state(optimizer)
 
     def describe(self) -> str:
         return (f"ZeRO-1 (DDP + ZeroRedundancyOptimizer) rank {self.rank}/{self.world_size} on "
