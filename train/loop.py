@@ -333,8 +333,6 @@ def setup(exp: Experiment, spec: registry.StrategySpec, strategy: Strategy, out_
             raise UsageError(f"train.amp_backend 'apex': {spec.name} does mixed precision itself "
                              "(FSDP's MixedPrecisionPolicy); use train.amp_backend=native")
         precision.use_autocast = False
-    if strategy.shards_gradients:
-        precision.agree_on_overflow = strategy.all_reduce_max_
     _wrap(training, log)
     # After the wrapper: a sharded strategy's state exists only once its model is sharded
     # (and Horovod's and ZeRO's optimizers are new objects).

@@ -40,9 +40,6 @@ class Precision:
     scaler: torch.amp.GradScaler = field(init=False)
     use_autocast: bool = True
     """False where the strategy computes in the low precision itself (FSDP's parameters)."""
-    agree_on_overflow: Callable[[torch.Tensor], None] | None = None
-    """An in-place maximum over ranks, where each rank sees only a shard of the gradients: an
-    inf in one rank's shard must skip the step on every rank."""
 
     def __post_init__(self) -> None:
         # bf16 has fp32's exponent range: no loss scaling needed.
@@ -68,13 +65,9 @@ class Precision:
         self.scaler.scale(loss).backward()
         if last:
             before_unscale()
+            # FSDP's sharded gradients need no agreement here: DTensor reduces unscale_'s
+            # found-inf flag with MAX over the shards (tests/unit/test_sharded_overflow.py).
             self.scaler.unscale_(optimizer)
-            if self.agree_on_overflow is not None and self.uses_scaler:
-                # GradScaler keeps what unscale_ found per device only in this private table;
-                # scaler.step reads it from there (torch 2.13).
-                found = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-                for flag in found.values():
-                    self.agree_on_overflow(flag)
 
     def master_params(self, optimizer: Any) -> Iterator[torch.Tensor]:
         for group in optimizer.param_groups:

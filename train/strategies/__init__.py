@@ -45,9 +45,6 @@ class Strategy:
     casts_parameters: bool = False
     """The wrapper computes in compute_dtype itself (FSDP's MixedPrecisionPolicy): the loop
     then runs no autocast."""
-    shards_gradients: bool = False
-    """Each rank holds a shard of every gradient (FSDP): a GradScaler's overflow check must be
-    agreed over ranks, or one rank would skip a step the others take."""
     checkpoint_format: str = "file"
     """file: every replica holds the whole state and rank 0 writes it to one file; sharded:
     every rank writes its shard with torch.distributed.checkpoint (train/checkpoint.py)."""

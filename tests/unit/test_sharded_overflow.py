@@ -1,0 +1,68 @@
+"""fp16 loss scaling under FSDP2 and HSDP, between four real gloo ranks: each rank unscales only
+its shard of the gradients, so an inf in one rank's shard must skip the step on every rank, or
+the replicas drift apart. hpcdp relies on DTensor for that (it reduces GradScaler's found-inf
+flag with MAX over the shards); this test is what would notice if torch stopped doing it."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from train.precision import Precision
+
+
+def _rank(rank: int, world: int, port: int, mesh_shape: tuple[int, ...], out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    # One weight row per output; with 4 ranks each holds two rows (HSDP: each replica's pair
+    # of ranks holds four).
+    model = torch.nn.Linear(1, 8, bias=False)
+    names = ("replicate", "shard")[-len(mesh_shape):]  # HSDP's, as train/strategies/fsdp.py
+    fully_shard(model, mesh=init_device_mesh("cpu", mesh_shape, mesh_dim_names=names))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    precision = Precision("fp16", "cpu", use_autocast=False)  # FSDP casts; the scaler is on
+    # The last rank's loss overflows through output 7 only, as a large activation would: after
+    # the reduction only the shard holding row 7 has an inf gradient.
+    weights = torch.ones(8)
+    if rank == world - 1:
+        weights[7] = float("inf")
+    loss = (model(torch.ones(4, 1)) * weights).sum()
+    precision.backward(loss, optimizer, last=True, before_unscale=lambda: None)
+    finite = bool(torch.isfinite(model.weight.grad.to_local()).all())
+    before = model.weight.full_tensor().clone()
+    skipped = precision.step(optimizer)
+    # The whole parameter: the other ranks' shards move only if those ranks stepped.
+    changed = not torch.equal(model.weight.full_tensor(), before)
+    out.put((rank, skipped, changed, finite))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("mesh_shape", [(4,), (2, 2)], ids=["fsdp", "hsdp-2x2"])
+def test_an_inf_in_one_ranks_shard_skips_the_step_on_every_rank(mesh_shape):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, 4, port, mesh_shape, out)) for r in range(4)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    # Some ranks' shards were finite (else nothing here needed agreeing), yet all skipped.
+    assert any(finite for *_, finite in results) and not all(finite for *_, finite in results)
+    assert [skipped for _, skipped, _, _ in results] == [True] * 4
+    assert not any(changed for _, _, changed, _ in results)
