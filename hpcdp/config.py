@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
-from hpcdp import EXPERIMENTS_DIR, PROFILES_DIR, strategies
+from hpcdp import EXPERIMENTS_DIR, PROFILES_DIR, strategies, tracking
 from hpcdp.errors import UsageError, did_you_mean, one_line
 
 # --------------------------------------------------------------------------------------------
@@ -259,6 +259,10 @@ class TrainConfig:
     """native: torch.autocast + torch.amp.GradScaler; apex: NVIDIA apex.amp (legacy, CUDA)."""
     apex_opt_level: Literal["O1", "O2"] = "O1"
     compile: bool = False
+    trackers: list[str] = field(default_factory=list)
+    """Experiment trackers rank 0 also writes to: tensorboard, mlflow, wandb (docs/tracking.md).
+    None by default: metrics.jsonl holds everything, and a run's files should not depend on
+    which packages a machine happens to have."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     malloc: Literal["auto", "tcmalloc", "jemalloc", "system"] = "auto"
     """The C allocator of training processes (train/malloc.py). auto: tcmalloc where installed,
@@ -329,6 +333,7 @@ class TrainConfig:
                              ">= 0 (0 turns time-based checkpoints off)")
         if self.grad_clip < 0:
             raise UsageError(f"train.grad_clip {self.grad_clip!r} must be >= 0 (0 disables it)")
+        tracking.check_names(self.trackers)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,6 +28,7 @@ from hpcdp import distenv
 from hpcdp import strategies as registry
 from hpcdp.config import Experiment, as_dict
 from hpcdp.errors import UsageError
+from hpcdp.tracking import TrackedRun
 from train import checkpoint, faults, malloc, memory
 from train.data import Batches, open_data
 from train.metrics import MetricsWriter, peak_flops, step_line
@@ -200,12 +201,19 @@ def _train(exp: Experiment, spec: registry.StrategySpec, env: distenv.DistEnv,
     # it returns, before teardown destroys the process group: freed after it, DDP's
     # destructor can hang the process at exit.
     training = setup(exp, spec, strategy, out_dir, resume, log)
-    metrics = MetricsWriter(out_dir / "metrics.jsonl" if strategy.is_main else None)
+    # Before the header is written: the trackers skip the steps earlier segments sent.
+    tracked = TrackedRun(exp.train.trackers, out_dir, log) if strategy.is_main else None
+    metrics = MetricsWriter(out_dir / "metrics.jsonl" if strategy.is_main else None, tracked)
     metrics.write("header", **header(training, env))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     placement = {"device": str(strategy.device), "devices": strategy.devices_per_process,
                  "cuda_visible_devices": visible, "device_hint": env.device_hint(visible)}
-    summary = fit(training, metrics, log, placement)
+    try:
+        summary = fit(training, metrics, log, placement)
+    except BaseException:
+        metrics.close_trackers(None, "failed")
+        raise
+    summary["trackers"] = metrics.close_trackers(summary, summary["status"])
     metrics.write("summary", **summary)
     metrics.close()
     strategy.barrier()

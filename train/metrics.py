@@ -23,10 +23,12 @@ def _finite(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """Appends records to DIR/metrics.jsonl and flushes each line; a no-op on ranks other than 0."""
+    """Appends records to DIR/metrics.jsonl and flushes each line; a no-op on ranks other than 0.
+    `tracked` (hpcdp.tracking.TrackedRun) gets a copy of every record for the run's trackers."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, tracked: Any = None) -> None:
         self.path = path
+        self.tracked = tracked if path is not None else None
         self._file: TextIO | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -38,6 +40,12 @@ class MetricsWriter:
         record = {"kind": kind, "time": time.time(), **{k: _finite(v) for k, v in fields.items()}}
         self._file.write(json.dumps(record, allow_nan=False, default=str) + "\n")
         self._file.flush()
+        if self.tracked is not None:
+            self.tracked.feed(record)
+
+    def close_trackers(self, summary: dict | None, status: str) -> dict[str, str]:
+        """Finish the trackers; what each wrote (the summary record's `trackers`)."""
+        return self.tracked.close(summary, status) if self.tracked is not None else {}
 
     def close(self) -> None:
         if self._file is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hpcdp import slurm
 from hpcdp.errors import UsageError, did_you_mean, one_line, positive_number
-from hpcdp.harvest import repeats
+from hpcdp.harvest import read, repeats
 from hpcdp.harvest.read import (
     MetricsLog,
     StepColumns,
@@ -310,6 +310,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-slurm", action="store_true",
                         help="do not ask squeue/sacct; states come from the metrics files")
     parser.add_argument("--no-plots", action="store_true", help="with --out: skip the PNGs")
+    parser.add_argument("--to", nargs=2, metavar=("TRACKER", "DIR"),
+                        help="also export the runs into a tracker under DIR: tensorboard (event "
+                             "files) or mlflow (a file store); runs already there are skipped")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -317,6 +320,15 @@ def main(args: argparse.Namespace) -> int:
     fmt = args.format
     _check_format(fmt)
     target = _target(args.target_loss)
+    if args.to:  # before reading anything: a bad tracker name is refused at once
+        from hpcdp import tracking
+        tracker, dest = args.to
+        tracking.check_export(tracker, Path(dest))
+        runs = read.find_run_dirs([Path(p) for p in args.paths])
+        done = tracking.export(runs, tracker, Path(dest),
+                               lambda line: print(line, file=sys.stderr))
+        print(f"exported {done} of {len(runs)} run(s) to {tracker} under {dest}",
+              file=sys.stderr)
     result = collect([Path(p) for p in args.paths], target, query_slurm=not args.no_slurm)
     if result.accounting.get("available") is False:
         print(f"hpcdp: Slurm accounting unavailable ({result.accounting['message']}); "

@@ -19,8 +19,10 @@ from hpcdp import slurm
 from hpcdp.errors import UsageError
 
 METRICS = "metrics.jsonl"
-# Directories that never hold a run's metrics: do not walk into them.
-_SKIP_DIRS = {"checkpoints", ".git", "__pycache__", ".venv", "node_modules"}
+# Directories that never hold a run's metrics: do not walk into them (the last three hold
+# trackers' files: hpcdp/tracking.py).
+_SKIP_DIRS = {"checkpoints", ".git", "__pycache__", ".venv", "node_modules", "tensorboard",
+              "mlruns", "wandb"}
 
 
 @dataclass

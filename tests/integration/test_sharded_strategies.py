@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from slurm_jobs import logs, records, sets, submit, wait_all, wait_for_step
+from tracker_files import mlflow_runs, tensorboard_scalars, wandb_runs
 
 pytestmark = pytest.mark.slurm
 
@@ -31,11 +32,14 @@ LR = "train.lr=2.0e-3"
 SETTINGS = sets(f"train.steps={STEPS}", "train.log_interval=1", "train.eval_interval=0",
                 "train.checkpoint_interval=0", "train.micro_batch_size=4",
                 "train.warmup_steps=0", LR, "train.min_lr=2.0e-3", "data.corpus=synthetic")
-# strategy -> (extra settings, loss tolerance against DDP). hsdp: 2 ranks on each node and half
-# the micro-batch, so the global batch (8 sequences) is DDP's.
+# strategy -> (extra settings, loss tolerance against DDP). Each global batch is DDP's 8
+# sequences: fsdp accumulates 2 micro-batches of 2 (strong scaling; FSDP2's
+# set_requires_gradient_sync), hsdp runs 2 ranks on each node with half the micro-batch.
+# fsdp-apex runs as ZeRO-2 (parameters kept gathered from forward to backward).
 CELLS = {
-    "fsdp": ([], 1e-4),
-    "fsdp-apex": ([], 2e-2),
+    "fsdp": (sets("train.scaling=strong", "train.global_batch_size=8",
+                  "train.micro_batch_size=2"), 1e-4),
+    "fsdp-apex": (sets("train.fsdp.reshard_after_forward=false"), 2e-2),
     "zero1": ([], 1e-4),
     "hsdp": (sets("cluster.cpu_ranks_per_node=2", "train.micro_batch_size=2"), 1e-4),
 }
@@ -78,6 +82,7 @@ def test_each_sharded_strategy_agrees_with_ddp_and_its_replicas_agree(runs):
         header = next(r for r in recs if r["kind"] == "header")
         assert header["strategy"] == strategy and header["global_batch_size"] == 8, strategy
         assert header["world_size"] == (4 if strategy == "hsdp" else 2), strategy
+        assert header["grad_accum_steps"] == (2 if strategy == "fsdp" else 1), strategy
         losses = _losses(recs)
         assert sorted(losses) == sorted(reference), strategy
         tolerance = CELLS[strategy][1]
@@ -87,6 +92,7 @@ def test_each_sharded_strategy_agrees_with_ddp_and_its_replicas_agree(runs):
     log = logs(jobs["hsdp"][0][1])
     assert "HSDP rank 0/4: 2 replica(s) x 2 shards" in log
     assert "FSDP2 (ZeRO-3)" in logs(jobs["fsdp"][0][1])
+    assert "FSDP2 (ZeRO-2)" in logs(jobs["fsdp-apex"][0][1])
 
 
 def test_each_sharded_strategy_resumes_after_usr2_with_the_uninterrupted_losses(runs):
@@ -172,12 +178,15 @@ def test_a_4_rank_checkpoint_resumes_at_2_ranks_resharded(runs, tmp_path):
 
 
 def test_sharded_cells_run_in_a_campaign_beside_ddp(slurm_cluster, tmp_path):
+    """Also the trackers' campaign grouping (tests/integration/test_tracking.py has the rest):
+    one campaign fewer in the suite."""
     done = subprocess.run(
         [sys.executable, "-m", "hpcdp", "compare", "--out", str(tmp_path / "runs"),
          "--repeats", "1", *sets("matrix.strategies=[distributed-ps,fsdp,zero1]",
                                  "matrix.nodes=[2]", "compare.network_baseline=false",
                                  "train.steps=6", "train.eval_interval=0",
-                                 "train.checkpoint_interval=0"),
+                                 "train.checkpoint_interval=0",
+                                 "train.trackers=[tensorboard,mlflow,wandb]"),
          "--wait", "--timeout", "600"],
         cwd=tmp_path, capture_output=True, text=True, timeout=700)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -192,3 +201,12 @@ def test_sharded_cells_run_in_a_campaign_beside_ddp(slurm_cluster, tmp_path):
     assert all(r["state"].startswith("COMPLETED") and r["nodes"] == 2 for r in runs_json)
     assert by_strategy["fsdp"]["state_gb"] < by_strategy["zero1"]["state_gb"] \
         < by_strategy["distributed-ps"]["state_gb"]
+
+    # The campaign is one group in each tracker: an MLflow experiment named after its folder
+    # (one store at its root), a W&B group, and a TensorBoard folder per cell below it.
+    cells = {f"{s}-2n/repeat-1" for s in ("distributed-ps", "fsdp", "zero1")}
+    assert set(mlflow_runs(folder / "mlruns", folder.name)) == cells
+    for cell in cells:
+        (segment,) = wandb_runs(folder / cell / "wandb")
+        assert segment["group"] == folder.name and len(segment["history"]) == 6, cell
+        assert len(tensorboard_scalars(folder / cell / "tensorboard", "train/loss")) == 6, cell

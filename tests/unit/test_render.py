@@ -183,7 +183,9 @@ def test_paper_matrix_has_the_papers_cells():
 @pytest.mark.parametrize("argv", [["--help"], ["render", "--stdout", "-s", "ddp", "-N", "2"],
                                   ["submit", "--dry-run", "-s", "horovod-apex", "-N", "2"],
                                   ["strategies"], ["status"], ["env", "--json"],
-                                  ["cluster", "env"], ["harvest", ".", "--no-slurm"]])
+                                  ["cluster", "env"], ["harvest", ".", "--no-slurm"],
+                                  ["render", "--stdout", "-s", "ddp", "-N", "2", "--set",
+                                   "train.trackers=[tensorboard,mlflow,wandb]"]])
 def test_cli_never_imports_torch_or_transformers(argv, tmp_path):
     code = (
         "import sys, runpy\n"
@@ -191,7 +193,8 @@ def test_cli_never_imports_torch_or_transformers(argv, tmp_path):
         "try:\n    runpy.run_module('hpcdp', run_name='__main__')\n"
         "except SystemExit:\n    pass\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'numpy', 'horovod', 'matplotlib',\n"
-        "                          'submitit') if m in sys.modules)\n"
+        "                          'submitit', 'tensorboard', 'mlflow', 'wandb')\n"
+        "               if m in sys.modules)\n"
         "print('HEAVY=' + ','.join(heavy), file=sys.stderr)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
