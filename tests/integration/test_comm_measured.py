@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from free_port import free_port
 
 from hpcdp.errors import UsageError
 
@@ -54,7 +55,7 @@ def _sets(*sets: str) -> list[str]:
 
 def test_ddp_all_reduce_is_measured_on_every_step(tmp_path):
     steps = 14
-    _torchrun(2, 29661, "--experiment", "smoke", "--strategy", "distributed-ps",
+    _torchrun(2, free_port(), "--experiment", "smoke", "--strategy", "distributed-ps",
               "--out", str(tmp_path), *_sets(*SETS, f"train.steps={steps}"))
     recs = _records(tmp_path)
     header = recs[0]
@@ -93,7 +94,7 @@ def test_data_parallel_communication_is_unmeasured_not_zero(tmp_path):
 
 
 def test_the_probe_sweeps_sizes_and_sums_fp16_exactly_at_four_ranks(tmp_path):
-    done = _torchrun(4, 29663, "allreduce", "--experiment", "smoke", "--strategy",
+    done = _torchrun(4, free_port(), "allreduce", "--experiment", "smoke", "--strategy",
                      "distributed-ps", "--out", str(tmp_path),
                      *_sets("train.grad_comm=fp16"),
                      env=_env(HPCDP_ALLREDUCE_MAX_MB="4"))

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from free_port import free_port
 from slurm_jobs import logs, records, sets, submit, wait_all, wait_for_step
 from tracker_files import mlflow_runs, tensorboard_scalars, wandb_runs
 
@@ -155,9 +156,10 @@ def test_a_4_rank_checkpoint_resumes_at_2_ranks_resharded(runs, tmp_path):
     _, jobs, _ = runs
     common = [s for s in SETTINGS if s not in ("--set", "train.micro_batch_size=4")]
     out = tmp_path / "reshard"
-    first = _train(out, "fsdp", 4, 29741, *common, "train.steps=4", "train.micro_batch_size=2")
+    first = _train(out, "fsdp", 4, free_port(), *common, "train.steps=4",
+                   "train.micro_batch_size=2")
     assert first.returncode == 0, first.stderr[-3000:]
-    second = _train(out, "fsdp", 2, 29742, *common, "train.micro_batch_size=4")
+    second = _train(out, "fsdp", 2, free_port(), *common, "train.micro_batch_size=4")
     assert second.returncode == 0, second.stderr[-3000:]
     assert "train: resharded the checkpoint's state from 4 ranks to 2" in second.stdout
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -170,7 +172,7 @@ def test_a_4_rank_checkpoint_resumes_at_2_ranks_resharded(runs, tmp_path):
         [straight[s] for s in range(1, STEPS + 1)], rel=1e-4)
 
     # The other family: zero1 (one file of the whole state) cannot resume a sharded checkpoint.
-    refused = _train(out, "zero1", 1, 29743, *common)
+    refused = _train(out, "zero1", 1, free_port(), *common)
     assert refused.returncode == 2, refused.stderr[-3000:]
     errors = [line for line in refused.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and "is one of fsdp's sharded checkpoints" in errors[0], errors

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from free_port import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,7 +119,7 @@ def test_legacy_apex_on_cpu_says_native_amp_is_the_default(tmp_path: Path) -> No
         pytest.skip("GPUs visible: apex.amp may be usable here")
     done = train("--experiment", "smoke", "--strategy", "distributed-ps-apex", "--out",
                  str(tmp_path), "--set", "data.corpus=synthetic", "--set",
-                 "train.amp_backend=apex", MASTER_PORT="29741")
+                 "train.amp_backend=apex", MASTER_PORT=str(free_port()))
     one_line_error(done, "apex", "native")
     # A plain strategy in a matrix whose mixed-precision back-end is apex trains in fp32.
     done = train("--experiment", "smoke", "--strategy", "single-gpu", "--out", str(tmp_path),

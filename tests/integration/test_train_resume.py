@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from free_port import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
@@ -97,7 +98,7 @@ def losses(recs: list[dict], kind: str = "step", field: str = "loss") -> dict[in
 ])
 def test_stop_and_resume_gives_the_uninterrupted_losses(
         tmp_path: Path, strategy: str, procs: int, signal_one_rank: bool) -> None:
-    port = 29700 + procs
+    port = free_port()
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     run_to_end(straight, strategy, procs, port)
 
@@ -130,9 +131,9 @@ def test_stop_and_resume_gives_the_uninterrupted_losses(
 
 def test_resume_without_checkpoint_starts_fresh_and_after_the_end_does_nothing(
         tmp_path: Path) -> None:
-    first = run_to_end(tmp_path, "single-gpu", 1, 29730, resume=True)
+    first = run_to_end(tmp_path, "single-gpu", 1, free_port(), resume=True)
     assert "no checkpoint in" in first.stdout and "starting fresh" in first.stdout
-    again = run_to_end(tmp_path, "single-gpu", 1, 29730, resume=True)
+    again = run_to_end(tmp_path, "single-gpu", 1, free_port(), resume=True)
     assert "nothing to do" in again.stdout
     recs = records(tmp_path)
     assert [r["start_step"] for r in recs if r["kind"] == "header"] == [0, STEPS]
@@ -142,8 +143,9 @@ def test_resume_without_checkpoint_starts_fresh_and_after_the_end_does_nothing(
 def test_a_stop_signal_while_starting_checkpoints_instead_of_killing(tmp_path: Path) -> None:
     """USR2 (Slurm's time-limit warning) that arrives while the rank is still importing torch
     used to kill it: no checkpoint, and the requeued job started again from step 0."""
-    proc = subprocess.Popen(command(tmp_path, "single-gpu", 1, 29740, False), cwd=ROOT,
-                            env=_env(29740), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    port = free_port()
+    proc = subprocess.Popen(command(tmp_path, "single-gpu", 1, port, False), cwd=ROOT,
+                            env=_env(port), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     time.sleep(0.8)  # inside `import torch` (seconds), after the first lines of python -m train
     assert proc.poll() is None, "the run ended before it could be signalled"
@@ -168,12 +170,12 @@ def test_a_sigkilled_run_resumes_from_its_last_time_based_checkpoint(tmp_path: P
     survives is the last time-based checkpoint. Step 6 is computed, killed before its
     checkpoint, and computed again after the resume; it counts once."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    run_to_end(straight, "single-gpu", 1, 29750)
+    run_to_end(straight, "single-gpu", 1, free_port())
     every_step = "train.checkpoint_every_s=0.001"  # every step is "due"; kill@6 lands before 6's
-    first = _run(killed, "single-gpu", 1, 29751, every_step, fault="kill@6")
+    first = _run(killed, "single-gpu", 1, free_port(), every_step, fault="kill@6")
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     assert checkpoint_steps(killed) == [4, 5]  # keep_checkpoints=2
-    again = _run(killed, "single-gpu", 1, 29752, every_step, resume=True)
+    again = _run(killed, "single-gpu", 1, free_port(), every_step, resume=True)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resumed from" in again.stdout and "at step 5" in again.stdout
     recs = records(killed)
@@ -193,18 +195,18 @@ def test_resume_refuses_a_data_stream_it_cannot_continue_and_continues_another_w
         tmp_path: Path) -> None:
     out = tmp_path / "run"
     every_step = "train.checkpoint_every_s=0.001"
-    first = _run(out, "single-gpu", 1, 29760, every_step, fault="kill@4")  # checkpoint at 3
+    first = _run(out, "single-gpu", 1, free_port(), every_step, fault="kill@4")  # checkpoint at 3
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     # Micro batch 8 instead of 4 (x accumulation 2): other samples per position: refused.
-    bigger = _run(out, "single-gpu", 1, 29761, "train.micro_batch_size=8", resume=True)
+    bigger = _run(out, "single-gpu", 1, free_port(), "train.micro_batch_size=8", resume=True)
     assert bigger.returncode == 2
     (line,) = bigger.stderr.strip().splitlines()
     assert "sequences_per_micro_step 4 (now 8)" in line and "another --out" in line
     # Two DDP ranks of micro batch 2 draw the same 4 sequences per micro-step: it continues.
-    wider = _run(out, "distributed-ps", 2, 29762, "train.micro_batch_size=2", resume=True)
+    wider = _run(out, "distributed-ps", 2, free_port(), "train.micro_batch_size=2", resume=True)
     assert wider.returncode == 0, wider.stderr[-3000:]
     assert "continues exactly" in wider.stdout and "at step 3" in wider.stdout
     straight = tmp_path / "straight"
-    run_to_end(straight, "single-gpu", 1, 29763)
+    run_to_end(straight, "single-gpu", 1, free_port())
     # Two ranks sum gradients in another order than one process: equal to rounding.
     assert losses(records(out)) == pytest.approx(losses(records(straight)), rel=1e-5)

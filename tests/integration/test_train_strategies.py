@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from free_port import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 20
@@ -69,8 +70,9 @@ def launcher(kind: str, port: int, ranks: int = 2) -> list[str]:
     raise ValueError(kind)
 
 
-def train(out: Path, strategy: str, kind: str, sets: list[str], *, port: int = 29650,
+def train(out: Path, strategy: str, kind: str, sets: list[str], *, port: int | None = None,
           extra: list[str] = (), timeout: int = 240, ranks: int = 2) -> subprocess.CompletedProcess:
+    port = port or free_port()
     cmd = [*launcher(kind, port, ranks), "--experiment", "smoke", "--strategy", strategy,
            "--out", str(out), *[a for s in sets for a in ("--set", s)], *extra]
     # MASTER_PORT: a one-process DDP run would otherwise take torch's default 29500.
@@ -120,7 +122,7 @@ class Runs:
             out = self.root / name
             result = train(out, name, kind, [*COMMON, self.data_setting,
                                              f"train.micro_batch_size={micro}"],
-                           port=29650 + len(self.done))
+                           port=free_port())
             assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
             self.done[name] = out
         return self.done[name]
@@ -133,7 +135,7 @@ class Runs:
             # distributed-ps-apex with a world of 1.
             result = train(out, "distributed-ps-apex", "python",
                            [*COMMON, self.data_setting, "train.micro_batch_size=8"],
-                           port=29649)
+                           port=free_port())
             assert result.returncode == 0, result.stderr[-3000:]
             self.done["bf16"] = out
         return self.done["bf16"]
@@ -213,7 +215,7 @@ def test_one_rank_keeps_gradients_local_and_trains_like_single_gpu(
     if kind == "mpirun" and not horovod_importable():
         pytest.skip(HOROVOD_MISSING)
     result = train(tmp_path, name, kind, [*COMMON, runs.data_setting,
-                                          "train.micro_batch_size=8"], port=29720, ranks=1)
+                                          "train.micro_batch_size=8"], port=free_port(), ranks=1)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "world size 1, gradients stay local" in result.stdout
     reference = [r["loss"] for r in records(runs.get("single-gpu"), "step")]
@@ -247,7 +249,7 @@ def test_compiled_strategy_trains_like_its_eager_run(runs: Runs, name: str,
     kind, micro, _, precision = RUNS[name]
     result = train(tmp_path / name, name, kind, [*COMMON, runs.data_setting, "train.compile=true",
                                                  f"train.micro_batch_size={micro}"],
-                   port=29700, timeout=600)
+                   port=free_port(), timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     where = "around the DDPStrategy" if name.startswith("distributed-ps") else "inside the"
     assert f"train: torch.compile {where} " in result.stdout, result.stdout[-2000:]
