@@ -72,15 +72,11 @@ def weird_tmp_path(tmp_path: Path) -> Path:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Two streams under pytest-xdist (scripts/test.sh runs `-n 2 --dist loadgroup`): every
-    test that needs the cluster in one, in order, the others beside it, a module at a time (its
-    module fixtures then run once). Why: a Slurm test leaves the CPUs about half idle while it
-    waits for the scheduler, sacct and requeues (measured: 49% idle over test_compare.py and
-    test_preemption.py), and the tests that start local processes fill that time. The Slurm
-    tests stay one at a time: several at once would depend on which nodes Slurm hands out."""
+    """Every test that needs the cluster is marked `slurm`, whether or not its module says so:
+    scripts/test.sh runs `-m slurm` and `-m "not slurm"` as two pytest processes at once."""
     for item in items:
-        group = "slurm" if "slurm_cluster" in item.fixturenames else item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(group))
+        if "slurm_cluster" in item.fixturenames:
+            item.add_marker(pytest.mark.slurm)
 
 
 # Tests that failed while a cluster daemon died under them, and were run once more.

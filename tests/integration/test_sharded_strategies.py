@@ -180,7 +180,7 @@ def test_a_4_rank_checkpoint_resumes_at_2_ranks_resharded(runs, tmp_path):
 
 
 def test_sharded_cells_run_in_a_campaign_beside_ddp(slurm_cluster, tmp_path):
-    """Also the trackers' campaign grouping (tests/integration/test_tracking.py has the rest):
+    """Also the trackers' campaign grouping (tests/integration/test_tracked_runs.py has the rest):
     one campaign fewer in the suite."""
     done = subprocess.run(
         [sys.executable, "-m", "hpcdp", "compare", "--out", str(tmp_path / "runs"),
