@@ -8,12 +8,14 @@ spread of the per-round ratios.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,3 +94,17 @@ def steady_step_time(metrics: Path, skip_steps: int) -> float:
                          f"{skip_steps}; run more steps")
     first, last = steps[0], steps[-1]
     return (last["elapsed_s"] - first["elapsed_s"]) / (last["step"] - first["step"])
+
+
+@contextlib.contextmanager
+def local_campaign(sets: list[str], repeats: int, out: Path | None = None) -> Iterator[Path]:
+    """One `hpcdp compare` campaign of the smoke experiment on the local cluster, waited for;
+    yields its folder (under `out`, else a temporary folder deleted afterwards)."""
+    with tempfile.TemporaryDirectory(prefix="bench-campaign-") as tmp:
+        root = str(out or tmp)
+        cmd = [PYTHON, "-m", "hpcdp", "compare", "--experiment", "smoke", "--repeats",
+               str(repeats), "--out", root, "--wait", *[a for s in sets for a in ("--set", s)]]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            raise SystemExit(f"bench: the campaign failed:\n{done.stdout[-3000:]}\n{done.stderr}")
+        yield next(Path(root).rglob("campaign.json")).parent

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
-from _common import PYTHON, ROOT  # noqa: E402
 
 STRATEGIES = ["distributed-ps", "horovod"]
 
@@ -47,14 +44,7 @@ def main() -> None:
             # One allocator for both: auto would give DDP's CPU ranks tcmalloc and Horovod's
             # MPI ranks glibc's malloc (train/malloc.py).
             "train.malloc=system", *args.sets]
-    with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
-        out = str(args.out or tmp)
-        cmd = [PYTHON, "-m", "hpcdp", "compare", "--experiment", "smoke", "--repeats",
-               str(args.repeats), "--out", out, "--wait", *[a for s in sets for a in ("--set", s)]]
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
-        if done.returncode != 0:
-            raise SystemExit(f"bench: the campaign failed:\n{done.stdout[-3000:]}\n{done.stderr}")
-        folder = next(Path(out).rglob("campaign.json")).parent
+    with _common.local_campaign(sets, args.repeats, args.out) as folder:
         times = {(s, n): [_common.steady_step_time(folder / f"{s}-{n}n" / f"repeat-{k}" /
                                                    "metrics.jsonl", args.skip_steps)
                           for k in range(1, args.repeats + 1)]

@@ -17,15 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
-from _common import PYTHON, ROOT  # noqa: E402
 
 STRATEGIES = ["distributed-ps", "fsdp", "zero1"]
 
@@ -47,13 +44,7 @@ def main() -> None:
     sets = [f"matrix.strategies=[{','.join(STRATEGIES)}]", "matrix.nodes=[2]",
             f"train.steps={args.steps}", "train.log_interval=5", "train.eval_interval=0",
             "train.checkpoint_interval=0", "compare.network_baseline=false", *args.sets]
-    with tempfile.TemporaryDirectory(prefix="bench-sharded-") as out:
-        cmd = [PYTHON, "-m", "hpcdp", "compare", "--experiment", "smoke", "--repeats",
-               str(args.repeats), "--out", out, "--wait", *[a for s in sets for a in ("--set", s)]]
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
-        if done.returncode != 0:
-            raise SystemExit(f"bench: the campaign failed:\n{done.stdout[-3000:]}\n{done.stderr}")
-        folder = next(Path(out).rglob("campaign.json")).parent
+    with _common.local_campaign(sets, args.repeats) as folder:
         runs = {(s, k): folder / f"{s}-2n" / f"repeat-{k}" / "metrics.jsonl"
                 for s in STRATEGIES for k in range(1, args.repeats + 1)}
         times = {key: _common.steady_step_time(path, args.skip_steps)
