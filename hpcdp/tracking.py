@@ -53,12 +53,10 @@ HEADER_PARAMS = ("strategy", "paper_name", "precision", "world_size", "nodes", "
                  "cpus_per_process", "experiment", "slurm_job_id")
 
 
-def check_names(names: Iterable[str], where: str = "train.trackers") -> list[str]:
-    names = list(names)
+def check_names(names: Iterable[str], where: str = "train.trackers") -> None:
     for name in names:
         if name not in TRACKERS:
             raise UsageError(f"{where} {name!r} is not a tracker; valid: {', '.join(TRACKERS)}")
-    return list(dict.fromkeys(names))
 
 
 # ---- what a record becomes -----------------------------------------------------------------
@@ -239,9 +237,8 @@ class MLflowTracker(Tracker):
         # MLflow 3 keeps its file store in maintenance and refuses it unless told; the
         # alternative, SQLite, is unsafe on the shared file systems clusters write to.
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        from mlflow.entities import Param, RunStatus
+        from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
-        self._status = RunStatus
         self.client, self.uri = MlflowClient(tracking_uri=uri), uri
         experiment = self.client.get_experiment_by_name(ident.group)
         experiment_id = (experiment.experiment_id if experiment is not None
@@ -329,21 +326,11 @@ BACKENDS: dict[str, Callable[[], Tracker]] = {
 
 def _last_step_written(metrics_path: Path) -> int:
     """The highest step an earlier segment recorded: what the trackers already hold."""
-    last = 0
     try:
-        with open(metrics_path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if '"step"' not in line:
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by a kill
-                if record.get("kind") in ("step", "eval") and isinstance(record.get("step"), int):
-                    last = max(last, record["step"])
+        _, records, _ = _replay(metrics_path)
     except OSError:
-        pass
-    return last
+        return 0  # a fresh run
+    return max((r["step"] for r in records), default=0)
 
 
 class TrackedRun:
@@ -351,13 +338,14 @@ class TrackedRun:
 
     def __init__(self, names: Iterable[str], run_dir: Path, log: Callable[[str], None],
                  already_sent: int | None = None, ident: RunIdentity | None = None) -> None:
-        self.names = list(names)
+        self.names = list(dict.fromkeys(names))  # a tracker named twice writes once
         self.run_dir, self.log, self.ident = run_dir, log, ident
         self.active: list[Tracker] = []
         self.report: dict[str, str] = {}
         self.sent = {name: 0 for name in self.names}
-        self.already_sent = (already_sent if already_sent is not None
-                             else _last_step_written(run_dir / "metrics.jsonl"))
+        if already_sent is None:  # read the file only where a tracker will need it
+            already_sent = _last_step_written(run_dir / "metrics.jsonl") if self.names else 0
+        self.already_sent = already_sent
         self._opened = False
 
     def feed(self, record: dict) -> None:
@@ -472,10 +460,13 @@ def check_export(tracker: str, dest: Path) -> None:
                              f"({', '.join(strangers[:3])}); give MLflow a folder of its own")
 
 
-def export(run_dirs: list[Path], tracker: str, dest: Path, log: Callable[[str], None]) -> int:
-    """Replay finished runs' metrics.jsonl into a tracker under DEST; runs it already holds
-    are skipped. Returns how many runs were exported."""
-    check_export(tracker, dest)
+def export(paths: list[Path], tracker: str, dest: Path,
+           log: Callable[[str], None]) -> tuple[int, int]:
+    """Replay the metrics.jsonl of the runs at or below `paths` into a tracker under DEST;
+    runs it already holds are skipped. Returns (runs exported, runs found)."""
+    from hpcdp.harvest.read import find_run_dirs
+    check_export(tracker, dest)  # before the search: its errors name the tracker, not the runs
+    run_dirs = find_run_dirs(paths)
     exported = 0
     for run_dir in run_dirs:
         ident = RunIdentity.of(run_dir, export_to=dest)
@@ -492,4 +483,4 @@ def export(run_dirs: list[Path], tracker: str, dest: Path, log: Callable[[str], 
             raise UsageError(f"harvest --to {tracker}: {run_dir}: {report[tracker]}")
         log(f"{run_dir}: {report[tracker]}")
         exported += 1
-    return exported
+    return exported, len(run_dirs)

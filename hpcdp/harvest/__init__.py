@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hpcdp import slurm
 from hpcdp.errors import UsageError, did_you_mean, one_line, positive_number
-from hpcdp.harvest import read, repeats
+from hpcdp.harvest import repeats
 from hpcdp.harvest.read import (
     MetricsLog,
     StepColumns,
@@ -320,15 +320,12 @@ def main(args: argparse.Namespace) -> int:
     fmt = args.format
     _check_format(fmt)
     target = _target(args.target_loss)
-    if args.to:  # before reading anything: a bad tracker name is refused at once
+    if args.to:
         from hpcdp import tracking
         tracker, dest = args.to
-        tracking.check_export(tracker, Path(dest))
-        runs = read.find_run_dirs([Path(p) for p in args.paths])
-        done = tracking.export(runs, tracker, Path(dest),
-                               lambda line: print(line, file=sys.stderr))
-        print(f"exported {done} of {len(runs)} run(s) to {tracker} under {dest}",
-              file=sys.stderr)
+        done, found = tracking.export([Path(p) for p in args.paths], tracker, Path(dest),
+                                      lambda line: print(line, file=sys.stderr))
+        print(f"exported {done} of {found} run(s) to {tracker} under {dest}", file=sys.stderr)
     result = collect([Path(p) for p in args.paths], target, query_slurm=not args.no_slurm)
     if result.accounting.get("available") is False:
         print(f"hpcdp: Slurm accounting unavailable ({result.accounting['message']}); "

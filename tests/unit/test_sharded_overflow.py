@@ -6,12 +6,12 @@ flag with MAX over the shards); this test is what would notice if torch stopped 
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from free_port import free_port
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -45,17 +45,12 @@ def _rank(rank: int, world: int, port: int, mesh_shape: tuple[int, ...], out) ->
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.parametrize("mesh_shape", [(4,), (2, 2)], ids=["fsdp", "hsdp-2x2"])
 def test_an_inf_in_one_ranks_shard_skips_the_step_on_every_rank(mesh_shape):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, 4, port, mesh_shape, out)) for r in range(4)]
     for p in procs:
         p.start()

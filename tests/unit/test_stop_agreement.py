@@ -4,12 +4,12 @@ step whichever rank was signalled, and between checks nothing is communicated.""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from free_port import free_port
 
 from train import stop
 
@@ -43,18 +43,13 @@ def _rank(rank: int, world: int, port: int, signalled_rank: int, signal_at: int,
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.parametrize("signalled_rank", [0, 1])
 def test_every_rank_stops_at_the_same_step_with_few_collectives(signalled_rank):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     # Both ranks need the same port: pick it once.
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, 2, port, signalled_rank, 37, out))
              for r in range(2)]
     for p in procs:

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from tracker_files import mlflow_runs, tensorboard_scalars
 
 from hpcdp import tracking
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from tracker_files import mlflow_runs, tensorboard_scalars  # noqa: E402
 
 
 def _segment(run_dir: Path, names: list[str], start: int, end: int, loss_of, lines: list[str],
