@@ -453,6 +453,7 @@ def cmd_env(args) -> int:
             torch_env = str(exc)
         print(json.dumps({**env.as_dict(), "horovod": env.horovod_view(),
                           "device": env.device_hint(os.environ.get("CUDA_VISIBLE_DEVICES")),
+                          "container": distenv.container_hint(),
                           "torch_env": torch_env}, indent=2))
     else:
         if env.launcher == "none":
@@ -460,6 +461,7 @@ def cmd_env(args) -> int:
                   "or horovodrun; train/ would run as one process (rank 0 of 1)")
         print(env.describe())
         print(f"device: {env.device_hint(os.environ.get('CUDA_VISIBLE_DEVICES'))}")
+        print(f"container: {distenv.container_hint()}")
         print("horovod: " + " ".join(f"{k}={v}" for k, v in env.horovod_view().items()))
     return 0
 

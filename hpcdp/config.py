@@ -28,6 +28,116 @@ from hpcdp.errors import UsageError, did_you_mean, one_line
 
 
 @dataclass(frozen=True, kw_only=True)
+class ContainerConfig:
+    """The image every rank, probe and data preparation runs in (docs/containers.md)."""
+
+    runtime: Literal["none", "apptainer", "singularity", "pyxis", "oci"] = "none"
+    """apptainer (singularity: the same, under its older command): `srun ... apptainer exec
+    IMAGE python`; pyxis: srun's --container-image (NVIDIA's Pyxis/enroot plugin); oci: srun's
+    own --container=BUNDLE (oci.conf with runc or crun); none: no container."""
+    image: str = ""
+    """apptainer: a .sif file or sandbox folder; pyxis: an image reference such as
+    nvcr.io#nvidia/pytorch:24.05-py3, or a .sqsh file; oci: a bundle folder with config.json."""
+    mounts: list[str] = field(default_factory=list)
+    """More bind mounts, each SRC[:DST[:OPTIONS]] with absolute paths (DST defaults to SRC).
+    The run folder, the data, the project and the working directory are always mounted at
+    their own paths. Not for oci: a bundle's config.json carries its mounts."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables set inside the container only (the job's own environment passes in too)."""
+    gpu: Literal["auto", "nv", "rocm", "none"] = "auto"
+    """apptainer's --nv (NVIDIA) or --rocm (AMD) GPU support; auto: --nv when the profile has
+    GPUs. pyxis and oci get GPUs from the site's enroot or OCI hooks."""
+    mount_home: bool = True
+    """false: leave $HOME out (apptainer --no-home, pyxis --no-container-mount-home)."""
+    workdir: str = ""
+    """The working directory inside; default: the one the script was rendered in (mounted)."""
+    options: list[str] = field(default_factory=list)
+    """More options, verbatim and quoted: apptainer exec's, or srun's for pyxis and oci."""
+
+    def __post_init__(self) -> None:
+        where = "cluster.container"
+        if self.runtime == "none":
+            if self.image:
+                raise UsageError(f"{where}.image {self.image!r} is set but {where}.runtime is "
+                                 "'none'; set runtime to apptainer, singularity, pyxis or oci")
+            return
+        if not self.image.strip():
+            raise UsageError(f"{where}.runtime {self.runtime!r} needs {where}.image: "
+                             f"{_IMAGE_HINT[self.runtime]}")
+        _no_control(self.image, f"{where}.image")
+        if self.runtime != "pyxis" or looks_like_path(self.image):
+            path = Path(self.image).expanduser()
+            if not path.exists():
+                raise UsageError(f"{where}.image {self.image!r} does not exist; expected "
+                                 f"{_IMAGE_HINT[self.runtime]}")
+            if self.runtime == "oci" and not (path / "config.json").is_file():
+                raise UsageError(f"{where}.image {self.image!r} has no config.json; an oci "
+                                 "image is a bundle folder (config.json and its root file "
+                                 "system), e.g. made by `runc spec` or `umoci unpack`")
+        if self.mounts and self.runtime == "oci":
+            raise UsageError(f"{where}.mounts {self.mounts!r}: an oci bundle carries its "
+                             "mounts in its config.json; add them there, or use apptainer")
+        for mount in self.mounts:
+            self.mount_paths(mount)
+        for key in self.env:
+            _check(key, f"{where}.env key", _ENV_RE, "a shell variable name")
+        if self.workdir and not self.workdir.startswith("/"):
+            raise UsageError(f"{where}.workdir {self.workdir!r} must be an absolute path")
+        for opt in self.options:
+            _no_control(opt, f"{where}.options entry")
+            if not opt.startswith("-"):
+                raise UsageError(f"{where}.options entry {opt!r} must be one option starting "
+                                 "with '-', e.g. --writable-tmpfs or --container-remap-root")
+            if self.runtime in ("apptainer", "singularity") and opt.split("=")[0] in (
+                    "--cleanenv", "-e", "--containall", "-C"):
+                raise UsageError(
+                    f"{where}.options entry {opt!r} would clear the SLURM_* variables each "
+                    "rank finds its place by; pass what the image must not see differently, "
+                    f"or set {where}.env")
+
+    @staticmethod
+    def mount_paths(mount: str) -> tuple[str, str, str]:
+        """(source, target, options) of one SRC[:DST[:OPTIONS]] entry, or a one-line error."""
+        where = "cluster.container.mounts entry"
+        _no_control(mount, where)
+        parts = mount.split(":")
+        if len(parts) > 3 or any(not part for part in parts) or "," in mount:
+            raise UsageError(f"{where} {mount!r} must be SRC, SRC:DST or SRC:DST:OPTIONS "
+                             "with no empty part and no comma, e.g. /scratch/data:/data:ro")
+        source = parts[0]
+        target = parts[1] if len(parts) > 1 else source
+        options = parts[2] if len(parts) > 2 else ""
+        for path, what in ((source, "source"), (target, "target")):
+            if not path.startswith(("/", "~")):
+                raise UsageError(f"{where} {mount!r}: the {what} {path!r} must be an absolute "
+                                 "path")
+        if not Path(source).expanduser().exists():
+            raise UsageError(f"{where} {mount!r}: the source {source!r} does not exist")
+        return str(Path(source).expanduser()), target, options
+
+    @property
+    def active(self) -> bool:
+        return self.runtime != "none"
+
+
+_IMAGE_HINT = {
+    "apptainer": "a .sif file or a sandbox folder (apptainer build pytorch.sif docker://...)",
+    "singularity": "a .sif file or a sandbox folder (singularity build pytorch.sif docker://...)",
+    "pyxis": "an image reference like nvcr.io#nvidia/pytorch:24.05-py3, or a .sqsh file",
+    "oci": "a bundle folder holding config.json and its root file system",
+}
+
+
+def looks_like_path(image: str) -> bool:
+    return image.startswith(("/", "./", "../", "~")) or image.endswith(".sqsh")
+
+
+def _no_control(value: str, what: str) -> None:
+    if any(ord(c) < 32 for c in value):
+        raise UsageError(f"{what} {value!r} holds a newline or control character")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClusterProfile:
     """How one Slurm cluster wants jobs asked for and started."""
 
@@ -62,7 +172,8 @@ class ClusterProfile:
     setup: list[str] = field(default_factory=list)
     """Shell lines run before training, verbatim (e.g. `source ~/venvs/hpcdp/bin/activate`)."""
     python: str = ""
-    """Interpreter that runs `python -m train`; empty: the one running hpcdp."""
+    """Interpreter that runs `python -m train`; empty: the one running hpcdp, or `python` (the
+    image's) when container.runtime is set."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables exported in the job."""
     network_interface: str | None = None
@@ -82,6 +193,8 @@ class ClusterProfile:
     run beside the cells; false where a site forbids or charges for it (docs/compare.md)."""
     output_dir: str = "runs"
     """Where runs are written: OUTPUT_DIR/EXPERIMENT/STRATEGY-Nn/. Relative to the cwd."""
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    """The container image the job's steps run in (docs/containers.md); none by default."""
 
     def __post_init__(self) -> None:
         _check(self.name, "cluster.name", _NAME_RE, "letters, digits, '.', '_' and '-'")

@@ -86,6 +86,38 @@ def master_port_for_job(job_id: str | int | None) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# Containers
+
+# What each runtime leaves in the environment of the process it starts; last, what hpcdp's
+# script asked for (Pyxis/enroot set nothing of their own).
+_CONTAINER_VARIABLES = (
+    ("SLURM_CONTAINER", "oci {}"),  # srun --container=BUNDLE
+    ("APPTAINER_CONTAINER", "apptainer {}"),
+    ("SINGULARITY_CONTAINER", "apptainer {}"),
+    ("HPCDP_CONTAINER", "{}"),  # "RUNTIME IMAGE", exported by the rendered script
+)
+
+
+def container_in_use(environ: dict | None = None) -> str | None:
+    """The container this process runs in, as its runtime tells (`oci /path/bundle`); None
+    when no runtime's variable is set."""
+    environ = os.environ if environ is None else environ
+    for name, form in _CONTAINER_VARIABLES:
+        if environ.get(name):
+            return form.format(environ[name])
+    return None
+
+
+def container_hint(environ: dict | None = None) -> str:
+    """container_in_use, saying which variable told, for `hpcdp env`."""
+    environ = os.environ if environ is None else environ
+    for name, _ in _CONTAINER_VARIABLES:
+        if environ.get(name):
+            return f"{container_in_use(environ)} ({name})"
+    return "none seen (no container variable set)"
+
+
+# --------------------------------------------------------------------------------------------
 # The environment
 
 

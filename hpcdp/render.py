@@ -23,7 +23,7 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from hpcdp import PROJECT_ROOT, TEMPLATES_DIR, __version__, distenv, slurm, strategies
+from hpcdp import PROJECT_ROOT, TEMPLATES_DIR, __version__, containers, distenv, slurm, strategies
 from hpcdp.config import ClusterProfile, Experiment, as_dict, build, load_yaml_text
 from hpcdp.errors import UsageError
 from hpcdp.strategies import StrategySpec
@@ -172,6 +172,9 @@ def script_context(profile: ClusterProfile, experiment: Experiment, strategy: St
     tasks = strategy.tasks_per_node(profile.devices_per_node())
     # The profile's own env wins over what hpcdp derives from network_interface.
     env_vars = distenv.network_env(profile.network_interface) | dict(profile.env)
+    container = containers.launch(profile, experiment, run_dir, Path.cwd())
+    in_srun = '"${CONTAINER_SRUN[@]}" ' if container and container.srun_words else ""
+    in_exec = '"${CONTAINER_EXEC[@]}" ' if container and container.exec_words else ""
     return {
         "version": __version__,
         "experiment": experiment,
@@ -187,7 +190,18 @@ def script_context(profile: ClusterProfile, experiment: Experiment, strategy: St
         "modules": profile.modules,
         "setup": profile.setup,
         "env": sorted(env_vars.items()),
-        "python": profile.python or sys.executable,
+        "python": profile.python or ("python" if container else sys.executable),
+        "container": container,
+        # Put on every srun line that starts Python: `srun {in_srun}... {in_exec}"$PYTHON"`.
+        "in_srun": in_srun,
+        "in_exec": in_exec,
+        # The batch step's own Python (data preparation) runs in the container as a step.
+        "prepare_launch": (f'srun --nodes=1 --ntasks=1 --cpus-per-task="${{SLURM_CPUS_ON_NODE:-1}}" '
+                           f'{in_srun}{in_exec}' if container else ""),
+        # distenv.master_port_for_job in the shell (a batch job's id is a plain number), so
+        # that the batch step needs no Python of its own.
+        "port_start": distenv.PORT_RANGE_START,
+        "port_span": distenv.PORT_RANGE_END - distenv.PORT_RANGE_START + 1,
         "workdir": str(Path.cwd()),
         "project_root": str(PROJECT_ROOT),
         "run_dir": str(run_dir),

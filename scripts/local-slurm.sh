@@ -33,6 +33,7 @@ CTLD_PORT=$PORT_BASE
 DBD_PORT=$((PORT_BASE + 1))
 NODE_PORT_BASE=$((PORT_BASE + 1)) # node I listens on NODE_PORT_BASE + I
 GPU_DEVICES=$DIR/gpus
+OCI=$DIR/oci
 NO_GPU_MARKER=$DIR/.no-gpu-nodes # written when the GPU nodes did not start: later ups skip them
 INSTALL_HINT="apt-get install slurm-wlm slurmdbd munge mariadb-server"
 
@@ -293,6 +294,7 @@ EOF
     else
         rm -f "$ETC/gres.conf"
     fi
+    write_oci_conf
     # Nodes are only added or removed by restarting slurmctld and the slurmds.
     CONFIG_CHANGED=0
     cmp -s "$CONF.new" "$CONF" || CONFIG_CHANGED=1
@@ -491,6 +493,39 @@ drop_gpu_nodes() {
     ALL_NODES=("${NODES[@]}")
 }
 
+# Slurm's own OCI containers (srun --container=BUNDLE) where runc is installed: oci.conf runs
+# each task with runc, through slurm-oci.py (which gives 22.05's container tasks their rank),
+# and host-bundle/ is a bundle whose root file system is this machine's. slurmstepd reads
+# oci.conf at every step: no restart needed.
+write_oci_conf() {
+    if ! command -v runc >/dev/null || ! command -v python3 >/dev/null; then
+        rm -f "$ETC/oci.conf"
+        return 0
+    fi
+    local helper
+    helper="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/slurm-oci.py"
+    mkdir -p "$OCI/state"
+    python3 "$helper" host-bundle "$OCI/host-bundle"
+    # runc needs namespaces and a cgroup set-up the machine may not allow: try one container.
+    local probe="hpcdp-probe-$$" why
+    if ! why="$(runc --root="$OCI/state" run --bundle "$OCI/host-bundle" "$probe" 2>&1 </dev/null)"; then
+        runc --root="$OCI/state" delete --force "$probe" >/dev/null 2>&1 || true
+        log "no containers: runc cannot start one here ($(echo "$why" | tail -n 1)); srun --container is off"
+        rm -f "$ETC/oci.conf"
+        return 0
+    fi
+    cat >"$ETC/oci.conf" <<EOF
+# Written by scripts/local-slurm.sh (hpcdp): srun --container=BUNDLE runs each task with runc.
+RunTimeQuery="runc --root=$OCI/state state %n.%u.%j.%s.%t"
+RunTimeKill="runc --root=$OCI/state kill -a %n.%u.%j.%s.%t"
+RunTimeDelete="runc --root=$OCI/state delete --force %n.%u.%j.%s.%t"
+RunTimeRun="python3 $helper run $OCI/state %b %n.%u.%j.%s.%t"
+EOF
+}
+oci_summary() {
+    if [[ -e $ETC/oci.conf ]]; then echo "; containers: srun --container (runc), host bundle $OCI/host-bundle"; fi
+}
+
 cmd_up() {
     check_can_start
     mkdir -p "$DIR" "$ETC" "$RUN" "$LOG" "$STATE"
@@ -506,7 +541,8 @@ cmd_up() {
         log "no GPU nodes: cannot make character devices in $GPU_DEVICES (mknod needs CAP_MKNOD)"
     fi
     if healthy; then
-        log "already up: ${#NODES[@]} nodes in partition debug$(gpu_summary) (SLURM_CONF=$CONF)"
+        write_oci_conf
+        log "already up: ${#NODES[@]} nodes in partition debug$(gpu_summary)$(oci_summary) (SLURM_CONF=$CONF)"
         return 0
     fi
     local t0=$SECONDS
@@ -547,7 +583,7 @@ cmd_up() {
         sleep 0.2
     done
     wait_until 30 "sacct to answer" sacct -n -X -S now-1minutes
-    log "up in $((SECONDS - t0))s: ${#NODES[@]} nodes idle in partition debug$(gpu_summary); export SLURM_CONF=$CONF"
+    log "up in $((SECONDS - t0))s: ${#NODES[@]} nodes idle in partition debug$(gpu_summary)$(oci_summary); export SLURM_CONF=$CONF"
 }
 
 # --- stopping --------------------------------------------------------------------------------

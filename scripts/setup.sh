@@ -29,9 +29,9 @@ start=$SECONDS
 
 # 1. System packages: the local Slurm cluster (slurm, slurmdbd, munge, MariaDB), Open MPI for
 #    Horovod and mpi4py, a compiler and CMake for the Horovod build, tcmalloc for CPU training
-#    (train.malloc: auto).
+#    (train.malloc: auto), runc for the local cluster's containers (srun --container).
 SYSTEM_PACKAGES=(slurm-wlm slurmdbd slurm-client munge mariadb-server openmpi-bin libopenmpi-dev
-                 cmake g++ make util-linux procps libtcmalloc-minimal4)
+                 cmake g++ make util-linux procps libtcmalloc-minimal4 runc)
 if [ "$with_system" = 1 ]; then
     missing=()
     for pkg in "${SYSTEM_PACKAGES[@]}"; do

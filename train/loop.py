@@ -428,7 +428,7 @@ def header(t: Training, env: distenv.DistEnv) -> dict[str, Any]:
         cpus_per_process=(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                           else os.cpu_count()),
         malloc=malloc.in_use(),
-        launcher=env.launcher,
+        launcher=env.launcher, container=distenv.container_in_use(),
         communication=strategy.communication, grad_comm=strategy.grad_comm,
         grad_bytes_per_step=_grad_bytes(t.raw_model, strategy.grad_comm),
     )

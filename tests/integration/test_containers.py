@@ -1,0 +1,102 @@
+"""Issue 22: jobs whose steps run inside a real container runtime on the local cluster.
+
+The runtime is Slurm's own OCI support (`srun --container=BUNDLE`) with runc, which
+`hpcdp cluster up` configures where runc can start a container (scripts/slurm-oci.py); the
+bundle's root file system is this machine's own, so the image holds the same torch and Horovod
+and the losses must equal those of the same job outside. Apptainer and Pyxis cannot be
+installed here: their scripts are checked by golden tests (tests/unit/test_containers_render.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from slurm_jobs import logs, records, sets, submit, wait_all
+
+pytestmark = pytest.mark.slurm
+
+SETTINGS = sets("train.steps=6", "train.log_interval=1", "train.eval_interval=0",
+                "train.checkpoint_interval=0", "cluster.horovod_controller=gloo")
+
+
+@pytest.fixture(scope="module")
+def bundle(slurm_cluster):
+    if not (slurm_cluster / "etc" / "oci.conf").exists():
+        pytest.skip("the local cluster has no container runtime: `hpcdp cluster up` found no "
+                    "runc that can start a container here (apt-get install runc)")
+    return slurm_cluster / "oci" / "host-bundle"
+
+
+def _inside(bundle) -> list[str]:
+    # The image's `python` would be the system's; this one has torch.
+    return sets("cluster.container.runtime=oci", f"cluster.container.image={bundle}",
+                f"cluster.python={sys.executable}")
+
+
+def test_hpcdp_env_inside_the_container_shows_each_rank_its_place(bundle, tmp_path):
+    result = subprocess.run(
+        ["srun", "--nodes=2", "--ntasks=2", f"--container={bundle}", "--partition=debug",
+         f"--output={tmp_path}/env-%t.json", "env", f"--chdir={tmp_path}", sys.executable,
+         "-m", "hpcdp", "env", "--json"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    views = sorted((json.loads(path.read_text()) for path in tmp_path.glob("env-*.json")),
+                   key=lambda view: view["rank"])
+    assert [(v["rank"], v["world_size"], v["node_rank"], v["local_rank"]) for v in views] == [
+        (0, 2, 0, 0), (1, 2, 1, 0)]
+    assert {v["container"] for v in views} == {f"oci {bundle} (SLURM_CONTAINER)"}
+    assert views[0]["master_addr"] == views[1]["master_addr"]
+
+
+def test_ddp_and_horovod_train_inside_as_ddp_does_outside(bundle, tmp_path):
+    jobs = {
+        "ddp outside": submit(tmp_path, "distributed-ps", 2, tmp_path / "out", *SETTINGS),
+        "ddp inside": submit(tmp_path, "distributed-ps", 2, tmp_path / "in", *SETTINGS,
+                             *_inside(bundle)),
+        "horovod inside": submit(tmp_path, "horovod", 2, tmp_path / "in", *SETTINGS,
+                                 *_inside(bundle)),
+    }
+    infos = wait_all([job_id for job_id, _ in jobs.values()])
+    for name, (job_id, run_dir) in jobs.items():
+        assert infos[job_id].state == "COMPLETED", (name, logs(run_dir)[-3000:])
+    headers = {name: records(run_dir)[0] for name, (_, run_dir) in jobs.items()}
+    assert headers["ddp outside"]["container"] is None
+    for name in ("ddp inside", "horovod inside"):
+        assert headers[name]["container"] == f"oci {bundle}", name
+        assert (headers[name]["world_size"], headers[name]["nodes"]) == (2, 2)
+    assert headers["horovod inside"]["communication"] == "horovod-gloo"
+    script = (jobs["ddp inside"][1] / "job.sbatch").read_text()
+    assert f'CONTAINER_SRUN=(--container={bundle})' in script
+    losses = {name: [r["loss"] for r in records(run_dir) if r["kind"] == "step"]
+              for name, (_, run_dir) in jobs.items()}
+    assert len(losses["ddp outside"]) == 6
+    assert losses["ddp inside"] == losses["ddp outside"]  # the same code on the same bits
+    # Horovod's all-reduce sums in another order than gloo's DDP buckets: equal to rounding.
+    assert losses["horovod inside"] == pytest.approx(losses["ddp outside"], rel=1e-5)
+
+
+@pytest.mark.parametrize("profile", ["apptainer-gpu", "ngc-pyxis"])
+def test_the_container_gpu_profiles_pass_sbatch_test_only(slurm_cluster, tmp_path, profile):
+    gres = subprocess.run(["sinfo", "-h", "-p", "gpu", "-o", "%G"], capture_output=True,
+                          text=True).stdout
+    if "gpu:4" not in gres:
+        pytest.skip("the local cluster has no GPU nodes (mknod not permitted where it started)")
+    image = tmp_path / "hpcdp-pytorch.sif"
+    image.write_bytes(b"")
+    over = sets("cluster.gpus_per_node=4", "cluster.cpus_per_task=1")
+    if profile == "apptainer-gpu":
+        over += sets(f"cluster.container.image={image}")
+    rendered = subprocess.run(
+        [sys.executable, "-m", "hpcdp", "render", "--strategy", "horovod", "--nodes", "2",
+         "--cluster", profile, "--out", str(tmp_path / "runs"), *over],
+        cwd=tmp_path, capture_output=True, text=True)
+    assert rendered.returncode == 0, rendered.stderr
+    script = tmp_path / "runs" / "smoke" / "horovod-2n" / "job.sbatch"
+    text = script.read_text()
+    assert "#SBATCH --partition=gpu" in text and "CONTAINER_" in text
+    test = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True)
+    assert test.returncode == 0, test.stderr
+    assert "to start at" in test.stderr
