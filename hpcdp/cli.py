@@ -137,8 +137,10 @@ def _claim_run_dirs(jobs, experiment: config.Experiment, args) -> None:
 
 
 def _check_horovod(jobs, profile: config.ClusterProfile, controller: str | None = None) -> None:
-    """Horovod strategies need Horovod where the job runs; checkable when that is this Python."""
-    if profile.python or not any(job.strategy.needs_horovod for job in jobs):
+    """Horovod strategies need Horovod where the job runs; checkable when that is this Python
+    (not another interpreter, nor a container image's)."""
+    if (profile.python or profile.container.active
+            or not any(job.strategy.needs_horovod for job in jobs)):
         return
     from hpcdp import preflight
 
