@@ -18,8 +18,10 @@ from slurm_jobs import logs, records, sets, submit, wait_all
 
 pytestmark = pytest.mark.slurm
 
+# Strong scaling: the torchrun job's 4 ranks train the same global batch as the others' 2.
 SETTINGS = sets("train.steps=6", "train.log_interval=1", "train.eval_interval=0",
-                "train.checkpoint_interval=0", "cluster.horovod_controller=gloo")
+                "train.checkpoint_interval=0", "cluster.horovod_controller=gloo",
+                "train.scaling=strong", "train.global_batch_size=16", "train.micro_batch_size=4")
 
 
 @pytest.fixture(scope="module")
@@ -58,15 +60,22 @@ def test_ddp_and_horovod_train_inside_as_ddp_does_outside(bundle, tmp_path):
                              *_inside(bundle)),
         "horovod inside": submit(tmp_path, "horovod", 2, tmp_path / "in", *SETTINGS,
                                  *_inside(bundle)),
+        # Slurm 22.05 runs one container task per node: torchrun starts the node's two ranks.
+        "torchrun inside": submit(tmp_path, "distributed-ps", 2, tmp_path / "torchrun", *SETTINGS,
+                                  *_inside(bundle), *sets("cluster.launcher=torchrun",
+                                                          "cluster.cpu_ranks_per_node=2")),
     }
     infos = wait_all([job_id for job_id, _ in jobs.values()])
     for name, (job_id, run_dir) in jobs.items():
         assert infos[job_id].state == "COMPLETED", (name, logs(run_dir)[-3000:])
     headers = {name: records(run_dir)[0] for name, (_, run_dir) in jobs.items()}
     assert headers["ddp outside"]["container"] is None
-    for name in ("ddp inside", "horovod inside"):
+    for name in ("ddp inside", "horovod inside", "torchrun inside"):
         assert headers[name]["container"] == f"oci {bundle}", name
-        assert (headers[name]["world_size"], headers[name]["nodes"]) == (2, 2)
+        assert headers[name]["nodes"] == 2 and headers[name]["global_batch_size"] == 16
+    assert headers["ddp inside"]["world_size"] == headers["horovod inside"]["world_size"] == 2
+    assert (headers["torchrun inside"]["world_size"], headers["torchrun inside"]["launcher"]) == (
+        4, "torchrun")
     assert headers["horovod inside"]["communication"] == "horovod-gloo"
     script = (jobs["ddp inside"][1] / "job.sbatch").read_text()
     assert f'CONTAINER_SRUN=(--container={bundle})' in script
@@ -76,6 +85,8 @@ def test_ddp_and_horovod_train_inside_as_ddp_does_outside(bundle, tmp_path):
     assert losses["ddp inside"] == losses["ddp outside"]  # the same code on the same bits
     # Horovod's all-reduce sums in another order than gloo's DDP buckets: equal to rounding.
     assert losses["horovod inside"] == pytest.approx(losses["ddp outside"], rel=1e-5)
+    # 4 ranks of one micro-batch against 2 ranks accumulating two: the same batch, summed apart.
+    assert losses["torchrun inside"] == pytest.approx(losses["ddp outside"], rel=1e-4)
 
 
 @pytest.mark.parametrize("profile", ["apptainer-gpu", "ngc-pyxis"])
