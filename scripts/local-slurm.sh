@@ -514,13 +514,15 @@ write_oci_conf() {
         rm -f "$ETC/oci.conf"
         return 0
     fi
-    cat >"$ETC/oci.conf" <<EOF
+    # Written aside and moved: a step starting now reads the old file or the new one whole.
+    cat >"$ETC/oci.conf.new" <<EOF
 # Written by scripts/local-slurm.sh (hpcdp): srun --container=BUNDLE runs each task with runc.
 RunTimeQuery="runc --root=$OCI/state state %n.%u.%j.%s.%t"
 RunTimeKill="runc --root=$OCI/state kill -a %n.%u.%j.%s.%t"
 RunTimeDelete="runc --root=$OCI/state delete --force %n.%u.%j.%s.%t"
 RunTimeRun="python3 $helper run $OCI/state %b %n.%u.%j.%s.%t"
 EOF
+    mv -f "$ETC/oci.conf.new" "$ETC/oci.conf"
 }
 oci_summary() {
     if [[ -e $ETC/oci.conf ]]; then echo "; containers: srun --container (runc), host bundle $OCI/host-bundle"; fi
