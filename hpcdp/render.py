@@ -196,8 +196,8 @@ def script_context(profile: ClusterProfile, experiment: Experiment, strategy: St
         "in_srun": in_srun,
         "in_exec": in_exec,
         # The batch step's own Python (data preparation) runs in the container as a step.
-        "prepare_launch": (f'srun --nodes=1 --ntasks=1 --cpus-per-task="${{SLURM_CPUS_ON_NODE:-1}}" '
-                           f'{in_srun}{in_exec}' if container else ""),
+        "prepare_launch": ('srun --nodes=1 --ntasks=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" '
+                           + in_srun + in_exec if container else ""),
         # distenv.master_port_for_job in the shell (a batch job's id is a plain number), so
         # that the batch step needs no Python of its own.
         "port_start": distenv.PORT_RANGE_START,
