@@ -14,21 +14,25 @@ export OMP_NUM_THREADS=1
 # Two pytest processes at once: the tests that need the Slurm cluster, in order, and the others.
 # Why: a Slurm test leaves the CPUs about half idle while it waits for the scheduler, sacct and
 # requeues (measured: 49% idle over test_compare.py and test_preemption.py), and the tests that
-# start local processes fill that time. The Slurm tests stay one at a time, so none depends on
-# which nodes Slurm hands out. HPCDP_TEST_STREAMS=1 runs everything in one process.
+# start local processes fill that time. The Slurm tests of the debug partition stay one at a
+# time, so none depends on which nodes Slurm hands out; those of the gpu partition (its own
+# nodes, marked gpu_partition) run in the second stream, beside them.
+# HPCDP_TEST_STREAMS=1 runs everything in one process.
 if [ "${HPCDP_TEST_STREAMS:-2}" = 1 ]; then
     exec .venv/bin/python -m pytest -q "$@"
 fi
 # Each its own temporary folder (pytest prunes old numbered ones, maybe the other's) and log.
 work=$(mktemp -d "${TMPDIR:-/tmp}/hpcdp-test.XXXXXX")
-.venv/bin/python -m pytest -q -m "not slurm" -p no:cacheprovider --basetemp="$work/local" "$@" \
+.venv/bin/python -m pytest -q -m "not slurm or gpu_partition" -p no:cacheprovider \
+    --basetemp="$work/local" "$@" \
     >"$work/local.txt" 2>&1 &
 local_pid=$!
 status=0
-.venv/bin/python -m pytest -q -m slurm --basetemp="$work/slurm" "$@" || status=$?
+.venv/bin/python -m pytest -q -m "slurm and not gpu_partition" --basetemp="$work/slurm" "$@" ||
+    status=$?
 local_status=0
 wait "$local_pid" || local_status=$?
-echo "test: the tests without Slurm (run beside the Slurm tests above):"
+echo "test: the tests without Slurm, and the gpu partition's (run beside the tests above):"
 cat "$work/local.txt"
 echo "test: temporary files of this run: $work"
 # pytest's 5: no test selected (a path with no Slurm tests, or none without): not a failure.

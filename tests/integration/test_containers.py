@@ -16,12 +16,23 @@ import sys
 import pytest
 from slurm_jobs import logs, records, sets, submit, wait_all
 
-pytestmark = pytest.mark.slurm
+# On the gpu partition's two nodes (asking for no GPU): scripts/test.sh runs these beside the
+# debug partition's tests.
+pytestmark = [pytest.mark.slurm, pytest.mark.gpu_partition]
 
 # Strong scaling: the torchrun job's 4 ranks train the same global batch as the others' 2.
 SETTINGS = sets("train.steps=6", "train.log_interval=1", "train.eval_interval=0",
                 "train.checkpoint_interval=0", "cluster.horovod_controller=gloo",
                 "train.scaling=strong", "train.global_batch_size=16", "train.micro_batch_size=4")
+
+
+@pytest.fixture(scope="module")
+def partition(slurm_cluster) -> str:
+    """gpu where the local cluster has its GPU nodes, else debug (where they could not be made:
+    the jobs then queue beside the other Slurm tests' instead of running beside them)."""
+    nodes = subprocess.run(["sinfo", "-h", "-p", "gpu", "-o", "%D"], capture_output=True,
+                           text=True).stdout.strip()
+    return "gpu" if nodes else "debug"
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +49,14 @@ def _inside(bundle) -> list[str]:
                 f"cluster.python={sys.executable}")
 
 
-def test_hpcdp_env_inside_the_container_shows_each_rank_its_place(bundle, tmp_path):
+@pytest.fixture
+def settings(partition) -> list[str]:
+    return [*SETTINGS, *sets(f"cluster.partition={partition}")]
+
+
+def test_hpcdp_env_inside_the_container_shows_each_rank_its_place(bundle, partition, tmp_path):
     result = subprocess.run(
-        ["srun", "--nodes=2", "--ntasks=2", f"--container={bundle}", "--partition=debug",
+        ["srun", "--nodes=2", "--ntasks=2", f"--container={bundle}", f"--partition={partition}",
          f"--output={tmp_path}/env-%t.json", "env", f"--chdir={tmp_path}", sys.executable,
          "-m", "hpcdp", "env", "--json"],
         capture_output=True, text=True, timeout=120)
@@ -53,15 +69,15 @@ def test_hpcdp_env_inside_the_container_shows_each_rank_its_place(bundle, tmp_pa
     assert views[0]["master_addr"] == views[1]["master_addr"]
 
 
-def test_ddp_and_horovod_train_inside_as_ddp_does_outside(bundle, tmp_path):
+def test_ddp_and_horovod_train_inside_as_ddp_does_outside(bundle, settings, tmp_path):
     jobs = {
-        "ddp outside": submit(tmp_path, "distributed-ps", 2, tmp_path / "out", *SETTINGS),
-        "ddp inside": submit(tmp_path, "distributed-ps", 2, tmp_path / "in", *SETTINGS,
+        "ddp outside": submit(tmp_path, "distributed-ps", 2, tmp_path / "out", *settings),
+        "ddp inside": submit(tmp_path, "distributed-ps", 2, tmp_path / "in", *settings,
                              *_inside(bundle)),
-        "horovod inside": submit(tmp_path, "horovod", 2, tmp_path / "in", *SETTINGS,
+        "horovod inside": submit(tmp_path, "horovod", 2, tmp_path / "in", *settings,
                                  *_inside(bundle)),
         # Slurm 22.05 runs one container task per node: torchrun starts the node's two ranks.
-        "torchrun inside": submit(tmp_path, "distributed-ps", 2, tmp_path / "torchrun", *SETTINGS,
+        "torchrun inside": submit(tmp_path, "distributed-ps", 2, tmp_path / "torchrun", *settings,
                                   *_inside(bundle), *sets("cluster.launcher=torchrun",
                                                           "cluster.cpu_ranks_per_node=2")),
     }

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slurm
+# Only the gpu partition's nodes: scripts/test.sh runs these beside the debug partition's tests.
+pytestmark = [pytest.mark.slurm, pytest.mark.gpu_partition]
 
 
 @pytest.mark.parametrize("request_, directives", [

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from slurm_jobs import logs, records, sets, wait_all
 
-pytestmark = pytest.mark.slurm
+# Only the gpu partition's nodes: scripts/test.sh runs these beside the debug partition's tests.
+pytestmark = [pytest.mark.slurm, pytest.mark.gpu_partition]
 
 GPUS_PER_NODE = 2  # of the 4 a GPU node has: two ranks per node keep the jobs short
 

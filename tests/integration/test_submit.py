@@ -30,7 +30,9 @@ def hpcdp(*args: str, cwd: Path, check: bool = True, timeout: float = 600):
 
 
 def squeue_ids() -> set[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
+    # The debug partition's: the gpu partition's tests may run at the same time (scripts/test.sh).
+    out = subprocess.run(["squeue", "-h", "-p", "debug", "-o", "%i"], capture_output=True,
+                         text=True, check=True)
     return set(out.stdout.split())
 
 
