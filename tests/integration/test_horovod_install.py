@@ -4,8 +4,9 @@ The tests marked `horovod` need Horovod importable in the venv that runs pytest 
 scripts/install-horovod.sh once; it takes 3-6 minutes on 2 cores) and skip with the reason
 otherwise. The argument tests run everywhere.
 
-test_second_install_reuses_cached_wheel reinstalls the cached wheel in place (pip
---force-reinstall of the identical wheel): for a few seconds horovod is being replaced in this venv.
+test_second_install_reuses_cached_wheel reinstalls the cached wheel into a side venv that sees
+this one's packages, not into this venv: the Slurm tests beside it (scripts/test.sh runs two
+streams) import Horovod from here, and once met it half-replaced.
 """
 
 from __future__ import annotations
@@ -192,7 +193,7 @@ def test_allreduce_two_ranks_with_mpirun(tmp_path: Path) -> None:
 
 @pytest.mark.horovod
 @pytest.mark.usefixtures("horovod_installed")
-def test_second_install_reuses_cached_wheel() -> None:
+def test_second_install_reuses_cached_wheel(tmp_path: Path) -> None:
     cache_dir = Path(_run([str(INSTALL_SCRIPT), "--venv", str(VENV), "--print-cache-dir"])
                      .stdout.strip())
     wheels = sorted(cache_dir.glob(f"horovod-{HOROVOD_VERSION}-*.whl"))
@@ -208,11 +209,24 @@ def test_second_install_reuses_cached_wheel() -> None:
     assert "already installed" in untouched.stdout
     assert "installing" not in untouched.stdout
 
-    # --force: reinstall, from the cache, without building, then verify.
-    reinstall = _run([str(INSTALL_SCRIPT), "--venv", str(VENV), "--force"])
+    # --force: reinstall, from the cache, without building, then verify; in a side venv whose
+    # own site-packages come first and whose .pth adds this venv's (pip leaves packages
+    # outside its environment alone, so this venv's Horovod is never touched).
+    side = tmp_path / "side-venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(side)], check=True)
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site_packages = subprocess.run([str(side / "bin" / "python"), "-c", purelib],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+    shared = next(p for p in sys.path if p.startswith(sys.prefix) and p.endswith("site-packages"))
+    Path(site_packages, "shared-venv.pth").write_text(f"import site; site.addsitedir({shared!r})\n")
+    reinstall = _run([str(INSTALL_SCRIPT), "--venv", str(side), "--force"])
     output = reinstall.stdout + reinstall.stderr
     assert reinstall.returncode == 0, output
     assert "reused cached wheel" in output
     assert "building Horovod" not in output
     assert {"PyTorch", "MPI", "Gloo"} <= _check_build_marks(reinstall.stdout), output
-    assert _horovod_import_error() is None
+    where = subprocess.run([str(side / "bin" / "python"), "-c",
+                            "import horovod.torch, horovod; print(horovod.__file__)"],
+                           capture_output=True, text=True)
+    assert where.returncode == 0 and where.stdout.startswith(str(side)), where.stdout + where.stderr
+    assert _horovod_import_error() is None  # this venv's, untouched
