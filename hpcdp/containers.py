@@ -25,7 +25,7 @@ from pathlib import Path
 from hpcdp import PROJECT_ROOT
 from hpcdp.config import ClusterProfile, ContainerConfig, Experiment, looks_like_path
 
-# Exported in the job so that `hpcdp env` and train/'s log say where they run.
+# Exported in the job so that `hpcdp env` and the metrics header say where a rank runs.
 MARKER = "HPCDP_CONTAINER"
 
 
