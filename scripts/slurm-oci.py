@@ -20,16 +20,18 @@ import os
 import subprocess
 import sys
 
-# Bound at their own paths inside the container; what exists of them on this machine.
-_HOST_FOLDERS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "opt", "var",
-                 "run", "tmp", "work", "home", "root", "srv", "mnt", "media", "dev", "sys")
+# Every top-level folder is bound at its own path (a checkout may live anywhere, /builds or
+# /src on a CI machine), except /proc, which the container mounts afresh.
+_NOT_BOUND = ("proc",)
 
 
 def host_bundle(folder: str) -> None:
     os.makedirs(os.path.join(folder, "rootfs"), exist_ok=True)
     mounts = [{"destination": "/proc", "type": "proc", "source": "proc"}]
-    for name in _HOST_FOLDERS:
+    for name in sorted(os.listdir("/")):
         path = "/" + name
+        if name in _NOT_BOUND:
+            continue
         if os.path.isdir(path) and not os.path.islink(path):
             mounts.append({"destination": path, "type": "bind", "source": path,
                            "options": ["rbind", "rw"]})
