@@ -98,23 +98,26 @@ _CONTAINER_VARIABLES = (
 )
 
 
-def container_in_use(environ: dict | None = None) -> str | None:
-    """The container this process runs in, as its runtime tells (`oci /path/bundle`); None
-    when no runtime's variable is set."""
+def _container_variable(environ: dict | None) -> tuple[str, str] | None:
+    """(variable, "RUNTIME IMAGE") from the first container variable set, or None."""
     environ = os.environ if environ is None else environ
     for name, form in _CONTAINER_VARIABLES:
         if environ.get(name):
-            return form.format(environ[name])
+            return name, form.format(environ[name])
     return None
+
+
+def container_in_use(environ: dict | None = None) -> str | None:
+    """The container this process runs in, as its runtime tells (`oci /path/bundle`); None
+    when no runtime's variable is set."""
+    found = _container_variable(environ)
+    return found[1] if found else None
 
 
 def container_hint(environ: dict | None = None) -> str:
     """container_in_use, saying which variable told, for `hpcdp env`."""
-    environ = os.environ if environ is None else environ
-    for name, _ in _CONTAINER_VARIABLES:
-        if environ.get(name):
-            return f"{container_in_use(environ)} ({name})"
-    return "none seen (no container variable set)"
+    found = _container_variable(environ)
+    return f"{found[1]} ({found[0]})" if found else "none seen (no container variable set)"
 
 
 # --------------------------------------------------------------------------------------------
