@@ -58,11 +58,10 @@ def default_mounts(experiment: Experiment, run_dir: Path, workdir: Path) -> list
             paths.append(path)
         elif path.parent.exists() and path.parent != Path("/"):
             paths.append(path.parent)  # a prepared folder that the first job creates
-    kept: list[Path] = []
-    for path in sorted({p.absolute() for p in paths}, key=lambda p: len(p.parts)):
-        if not any(path == k or k in path.parents for k in kept):
-            kept.append(path)
-    return kept
+    # In the order listed, never sorted or from a set: the script must not depend on where the
+    # checkout lies or on the hash seed (a CI checkout deeper than here reordered them once).
+    unique = list(dict.fromkeys(p.absolute() for p in paths))
+    return [p for p in unique if not any(other in p.parents for other in unique)]
 
 
 def launch(profile: ClusterProfile, experiment: Experiment, run_dir: Path,
