@@ -3,11 +3,11 @@ speed-up and scaling efficiency with theirs, and a verdict per node count (stats
 per-run table stays as it is; this is the summary under it.
 
 A cell is one (strategy, nodes, world, precision, communication) under one set of conditions
-(allocator, threads and CPUs per process) in one source (a campaign, or separate jobs) and one
-comparison group (runs trained alike, table.comparison_groups). Cells of different sources or
-conditions are never compared: a verdict across them would measure the difference in
-conditions. Only finished runs with a throughput count as runs; the others are counted as
-failed.
+(CONDITIONS: allocator, threads and CPUs per process, container) in one source (a campaign, or
+separate jobs) and one comparison group (runs trained alike, table.comparison_groups). Cells of
+different sources or conditions are never compared: a verdict across them would measure the
+difference in conditions. Only finished runs with a throughput count as runs; the others are
+counted as failed.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Cell:
     precision: str | None
     communication: str | None
     conditions: tuple
-    """(malloc, threads per process, CPUs per process) its runs had."""
+    """CONDITIONS, as its runs had them."""
     runs: list[RunResult] = field(repr=False)
     source: str = ""
     """Its campaign's folder, or "" for separate jobs."""
@@ -97,7 +97,7 @@ class Cell:
         return {"cell": self.name, "source": self.source, "experiment": self.experiment,
                 "strategy": self.strategy, "nodes": self.nodes, "world_size": self.world_size,
                 "precision": self.precision, "communication": self.communication,
-                "conditions": dict(zip(("malloc", "threads", "cpus"), self.conditions)),
+                "conditions": dict(zip(CONDITIONS, self.conditions)),
                 "repeats": len(self.runs), "failed": self.failed,
                 "tokens_per_s_median": self.median if self.runs else None,
                 "tokens_per_s_interval": _interval(iv),
@@ -128,14 +128,19 @@ def _effect(effect: stats.Effect | None, exact: bool = False) -> dict | None:
     return {"estimate": effect.ratio, "interval": _interval(effect.interval)}
 
 
+CONDITIONS = ("malloc", "threads", "cpus", "container")
+"""What a cell's runs must share to be compared: the RunResult fields of the same names."""
+
+
 def conditions_of(r: RunResult) -> tuple:
-    return (r.malloc, r.threads, r.cpus)
+    return tuple(getattr(r, name) for name in CONDITIONS)
 
 
 def describe_conditions(conditions: tuple) -> str:
-    malloc, threads, cpus = conditions
+    malloc, threads, cpus, container = conditions
     return (f"malloc {malloc or '?'}, {threads if threads is not None else '?'} thread(s), "
-            f"{cpus if cpus is not None else '?'} CPU(s) per process")
+            f"{cpus if cpus is not None else '?'} CPU(s) per process"
+            + (f", in container {container}" if container else ""))
 
 
 def cells_of(results: list[RunResult]) -> list[Cell]:
@@ -320,8 +325,8 @@ def verdicts(cells: list[Cell]) -> list[dict]:
             out.append({**base, "outcome": "refused", "fastest": None, "conditions": None,
                         "text": f"no verdict across the cells on {nodes} node(s): they ran "
                                 f"under different conditions ({sets}); each set is judged on "
-                                "its own. Give every cell one train.malloc and thread count "
-                                "(hpcdp compare does)"})
+                                "its own. Give every cell one train.malloc, thread count and "
+                                "container (hpcdp compare does)"})
         for conditions, group in by_conditions.items():
             band = next((r.equivalent_within for c in group for r in c.runs
                          if r.equivalent_within is not None), stats.EQUIVALENT_WITHIN)
@@ -334,7 +339,7 @@ def verdicts(cells: list[Cell]) -> list[dict]:
             trades = memory_trades(group, v.fastest)
             text = v.text + (f"; memory: {'; '.join(trades)}" if trades else "")
             out.append({**base, "outcome": v.outcome, "fastest": v.fastest,
-                        "conditions": dict(zip(("malloc", "threads", "cpus"), conditions)),
+                        "conditions": dict(zip(CONDITIONS, conditions)),
                         "needed_repeats": v.needed_repeats, "text": text,
                         "memory_trades": trades,
                         "comparisons": [_comparison(c) for c in v.comparisons]})

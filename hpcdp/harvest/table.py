@@ -109,6 +109,9 @@ class RunResult:
     """Threads per process (header threads_per_process): part of the conditions."""
     cpus: int | None = None
     """CPUs each process could run on (header cpus_per_process): part of the conditions."""
+    container: str | None = None
+    """The container rank 0 ran in (header `container`: "oci /path/bundle"), None on the host:
+    part of the conditions (another image is other software)."""
     step_cv: float | None = None
     """Coefficient of variation of its steady step times (stats.steadiness)."""
     step_drift: float | None = None
@@ -253,7 +256,9 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         curve_time_s=list(map(c.t.__getitem__, with_loss)), curve_loss=losses,
         malloc=header.get("malloc") if isinstance(header.get("malloc"), str) else None,
         threads=_count(header.get("threads_per_process")),
-        cpus=_count(header.get("cpus_per_process")), step_cv=cv, step_drift=drift,
+        cpus=_count(header.get("cpus_per_process")),
+        container=header.get("container") if isinstance(header.get("container"), str) else None,
+        step_cv=cv, step_drift=drift,
         equivalent_within=_number(band), settings=settings,
     )
 

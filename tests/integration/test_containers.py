@@ -16,6 +16,8 @@ import sys
 import pytest
 from slurm_jobs import logs, records, sets, submit, wait_all
 
+from hpcdp import harvest
+
 # On the gpu partition's two nodes (asking for no GPU): scripts/test.sh runs these beside the
 # debug partition's tests.
 pytestmark = [pytest.mark.slurm, pytest.mark.gpu_partition]
@@ -107,6 +109,10 @@ def test_ddp_and_horovod_train_inside_as_ddp_does_outside(bundle, settings, tmp_
     assert losses["horovod inside"] == pytest.approx(losses["ddp outside"], rel=1e-5)
     # 4 ranks of one micro-batch against 2 ranks accumulating two: the same batch, summed apart.
     assert losses["torchrun inside"] == pytest.approx(losses["ddp outside"], rel=1e-4)
+    # harvest keeps the runs inside and outside apart: the container is one of the conditions
+    result = harvest.collect([tmp_path / "out", tmp_path / "in"], query_slurm=False)
+    ddp = [c for c in result.cells if c.strategy == "distributed-ps"]
+    assert sorted(str(c.conditions[-1]) for c in ddp) == sorted(["None", f"oci {bundle}"])
 
 
 @pytest.mark.parametrize("profile", ["apptainer-gpu", "ngc-pyxis"])

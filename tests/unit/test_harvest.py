@@ -30,11 +30,12 @@ def header(strategy: str, nodes: int, world: int, precision: str = "fp32", *,
            start_step: int = 0, job: str | None = None, restart_count: int = 0,
            warmup_log_steps: int = 2, steps: int = 10, experiment: str = "exp",
            communication: str | None = None, global_batch: int | None = None,
-           grad_comm: str | None = None, malloc: str | None = None) -> dict:
+           grad_comm: str | None = None, malloc: str | None = None,
+           container: str | None = None) -> dict:
     """HAND-WRITTEN header record (docs/metrics.md), the fields harvest uses."""
     return {"kind": "header", "time": T0, "strategy": strategy, "precision": precision,
             "communication": communication, "global_batch_size": global_batch,
-            "grad_comm": grad_comm, "malloc": malloc,
+            "grad_comm": grad_comm, "malloc": malloc, "container": container,
             "world_size": world, "nodes": nodes, "tasks_per_node": world // nodes,
             "device": "cpu", "start_step": start_step, "resumed_from": None,
             "slurm_job_id": job, "restart_count": restart_count, "experiment": experiment,
@@ -809,6 +810,26 @@ def test_cells_that_differ_in_allocator_get_no_verdict_across_them(tmp_path):
     assert "malloc tcmalloc" in refusal["text"] and "malloc system" in refusal["text"]
     # each allocator's cell stands alone: no verdict compares them
     assert sorted(v["outcome"] for v in result.verdicts) == ["alone", "alone", "refused"]
+
+
+def test_cells_inside_and_outside_a_container_get_no_verdict_across_them(tmp_path):
+    # The same allocator and threads, but one cell ran in an image (its own torch and
+    # libraries): a ratio across them would measure the image, not the strategy.
+    root = _campaign(tmp_path, {("distributed-ps", 2): [2000.0, 2010.0, 2005.0, 2015.0, 1995.0]},
+                     malloc="system")
+    for k, tps in enumerate([1500.0, 1490.0, 1510.0, 1495.0, 1505.0], start=1):
+        simple_run(root / "horovod-2n" / f"repeat-{k}", "horovod", 2, 2, tps, malloc="system",
+                   container="oci /images/pytorch")
+    result = harvest.collect([root], query_slurm=False)
+    refusal = next(v for v in result.verdicts if v["outcome"] == "refused")
+    assert "horovod 2n: malloc system, ? thread(s), ? CPU(s) per process, in container " \
+           "oci /images/pytorch" in refusal["text"]
+    assert "distributed-ps 2n: malloc system, ? thread(s), ? CPU(s) per process;" \
+           in refusal["text"]
+    assert sorted(v["outcome"] for v in result.verdicts) == ["alone", "alone", "refused"]
+    cells = {c["cell"]: c for c in json.loads(harvest.render(result, "json"))["cells"]}
+    assert cells["horovod 2n"]["conditions"]["container"] == "oci /images/pytorch"
+    assert cells["distributed-ps 2n"]["conditions"]["container"] is None
 
 
 def _set_memory(run_dir: Path, peak_gb: float) -> None:
