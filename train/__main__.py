@@ -12,6 +12,7 @@ Nothing heavy is imported before the arguments are parsed. Bad input prints one 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from hpcdp import strategies
@@ -133,5 +134,31 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
         return exc.exit_code
 
 
+def exit_without_finalizing(code: int):
+    """End the process with `code`: other threads are joined and the exit handlers run as on a
+    normal exit, but Python's finalization (the last garbage collection, module teardown) does
+    not. Why: after teardown, a gloo worker thread may still be releasing the last collective's
+    tensors; if the interpreter is finalizing by then, the thread's bid for the GIL unwinds a
+    destructor that may not throw and the process aborts ("terminate called without an active
+    exception", SIGABRT): a run that finished and wrote everything ends as a FAILED job. Seen
+    with fsdp, whose device mesh keeps the process group alive past destroy_process_group (2
+    aborts in 62 two-rank runs on two loaded cores, docs/troubleshooting.md). By now the run has
+    closed its files and trackers, and the strategy has shut down Horovod or its process group:
+    finalization had only memory left to free."""
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(reexec=True))
+    exit_without_finalizing(main(reexec=True))
