@@ -147,8 +147,14 @@ def test_a_stop_signal_while_starting_checkpoints_instead_of_killing(tmp_path: P
     proc = subprocess.Popen(command(tmp_path, "single-gpu", 1, port, False), cwd=ROOT,
                             env=_env(port), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    time.sleep(0.8)  # inside `import torch` (seconds), after the first lines of python -m train
-    assert proc.poll() is None, "the run ended before it could be signalled"
+    # As soon as the rank catches USR2 (train.stop.catch_early, just before `import torch`,
+    # which takes seconds): a fixed sleep once signalled it before then on a loaded machine.
+    # Before that point (interpreter start, the allocator's re-exec) a signal still kills it.
+    deadline = time.monotonic() + 60
+    while not _catches(proc.pid, signal.SIGUSR2):
+        assert proc.poll() is None, "the run ended before it could be signalled"
+        assert time.monotonic() < deadline, "the rank never installed its USR2 handler"
+        time.sleep(0.005)
     proc.send_signal(signal.SIGUSR2)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == INTERRUPTED_EXIT, err[-3000:]
@@ -156,6 +162,14 @@ def test_a_stop_signal_while_starting_checkpoints_instead_of_killing(tmp_path: P
     assert summary["kind"] == "summary" and summary["status"] == "interrupted"
     assert (tmp_path / "checkpoints" / f"step-{summary['steps']:07d}.pt").exists()
     assert "SIGUSR2 received" in out
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (the SigCgt mask of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
 
 
 def _run(out: Path, strategy: str, procs: int, port: int, *extra: str, resume: bool = False,
