@@ -148,9 +148,10 @@ def exit_without_finalizing(code: int):
     import atexit
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # What Py_FinalizeEx does first, in its order: threading's own exit callbacks (they tell the
+    # idle workers of a ThreadPoolExecutor, such as torch.compile's, to stop: joining those
+    # first waits forever), the join of non-daemon threads, then the atexit handlers.
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
