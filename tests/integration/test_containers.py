@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from slurm_jobs import logs, records, sets, submit, wait_all
+from slurm_jobs import logs, records, sets, submit, wait_all, wait_for_step
 
 from hpcdp import harvest
 
@@ -23,6 +23,7 @@ from hpcdp import harvest
 pytestmark = [pytest.mark.slurm, pytest.mark.gpu_partition]
 
 # Strong scaling: the torchrun job's 4 ranks train the same global batch as the others' 2.
+PAUSE_AT = 3
 SETTINGS = sets("train.steps=6", "train.log_interval=1", "train.eval_interval=0",
                 "train.checkpoint_interval=0", "cluster.horovod_controller=gloo",
                 "train.scaling=strong", "train.global_batch_size=16", "train.micro_batch_size=4")
@@ -55,7 +56,7 @@ def _inside(bundle) -> list[str]:
                 f"cluster.python={sys.executable}")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def settings(partition) -> list[str]:
     return [*SETTINGS, *sets(f"cluster.partition={partition}")]
 
@@ -75,21 +76,37 @@ def test_hpcdp_env_inside_the_container_shows_each_rank_its_place(bundle, partit
     assert views[0]["master_addr"] == views[1]["master_addr"]
 
 
-def test_ddp_and_horovod_train_inside_as_ddp_does_outside(bundle, settings, tmp_path):
+@pytest.fixture(scope="module")
+def runs(bundle, settings, tmp_path_factory):
+    """The jobs inside and outside, submitted at once; "ddp inside, stopped" pauses after step
+    PAUSE_AT until the time-limit signal (USR2 to the batch shell) stops it, and requeues."""
+    tmp = tmp_path_factory.mktemp("containers")
     jobs = {
-        "ddp outside": submit(tmp_path, "distributed-ps", 2, tmp_path / "out", *settings),
-        "ddp inside": submit(tmp_path, "distributed-ps", 2, tmp_path / "in", *settings,
-                             *_inside(bundle)),
-        "horovod inside": submit(tmp_path, "horovod", 2, tmp_path / "in", *settings,
-                                 *_inside(bundle)),
+        "ddp outside": submit(tmp, "distributed-ps", 2, tmp / "out", *settings),
+        "ddp inside": submit(tmp, "distributed-ps", 2, tmp / "in", *settings, *_inside(bundle)),
+        "horovod inside": submit(tmp, "horovod", 2, tmp / "in", *settings, *_inside(bundle)),
         # Slurm 22.05 runs one container task per node: torchrun starts the node's two ranks.
-        "torchrun inside": submit(tmp_path, "distributed-ps", 2, tmp_path / "torchrun", *settings,
+        "torchrun inside": submit(tmp, "distributed-ps", 2, tmp / "torchrun", *settings,
                                   *_inside(bundle), *sets("cluster.launcher=torchrun",
                                                           "cluster.cpu_ranks_per_node=2")),
+        "ddp inside, stopped": submit(tmp, "distributed-ps", 2, tmp / "stopped", *settings,
+                                      *_inside(bundle), env={"HPCDP_FAULT": f"pause@{PAUSE_AT}"}),
     }
+    stopped_id, stopped_dir = jobs["ddp inside, stopped"]
+    wait_for_step(stopped_dir, PAUSE_AT)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", stopped_id], check=True)
     infos = wait_all([job_id for job_id, _ in jobs.values()])
     for name, (job_id, run_dir) in jobs.items():
         assert infos[job_id].state == "COMPLETED", (name, logs(run_dir)[-3000:])
+    return tmp, jobs, infos
+
+
+def _losses(run_dir) -> list[float]:
+    return [r["loss"] for r in records(run_dir) if r["kind"] == "step"]
+
+
+def test_ddp_and_horovod_train_inside_as_ddp_does_outside(bundle, runs):
+    tmp, jobs, _ = runs
     headers = {name: records(run_dir)[0] for name, (_, run_dir) in jobs.items()}
     assert headers["ddp outside"]["container"] is None
     for name in ("ddp inside", "horovod inside", "torchrun inside"):
@@ -101,8 +118,7 @@ def test_ddp_and_horovod_train_inside_as_ddp_does_outside(bundle, settings, tmp_
     assert headers["horovod inside"]["communication"] == "horovod-gloo"
     script = (jobs["ddp inside"][1] / "job.sbatch").read_text()
     assert f'CONTAINER_SRUN=(--container={bundle})' in script
-    losses = {name: [r["loss"] for r in records(run_dir) if r["kind"] == "step"]
-              for name, (_, run_dir) in jobs.items()}
+    losses = {name: _losses(run_dir) for name, (_, run_dir) in jobs.items()}
     assert len(losses["ddp outside"]) == 6
     assert losses["ddp inside"] == losses["ddp outside"]  # the same code on the same bits
     # Horovod's all-reduce sums in another order than gloo's DDP buckets: equal to rounding.
@@ -110,9 +126,22 @@ def test_ddp_and_horovod_train_inside_as_ddp_does_outside(bundle, settings, tmp_
     # 4 ranks of one micro-batch against 2 ranks accumulating two: the same batch, summed apart.
     assert losses["torchrun inside"] == pytest.approx(losses["ddp outside"], rel=1e-4)
     # harvest keeps the runs inside and outside apart: the container is one of the conditions
-    result = harvest.collect([tmp_path / "out", tmp_path / "in"], query_slurm=False)
+    result = harvest.collect([tmp / "out", tmp / "in"], query_slurm=False)
     ddp = [c for c in result.cells if c.strategy == "distributed-ps"]
     assert sorted(str(c.conditions[-1]) for c in ddp) == sorted(["None", f"oci {bundle}"])
+
+
+def test_a_run_inside_stops_on_the_time_limit_signal_requeues_and_resumes(runs):
+    """srun passes USR2 to its tasks; inside, each task is runc, which must pass it on to the
+    rank (scripts/slurm-oci.py execs `runc run`, which forwards signals to the container)."""
+    _, jobs, infos = runs
+    stopped_id, stopped_dir = jobs["ddp inside, stopped"]
+    recs = records(stopped_dir)
+    assert [h["start_step"] for h in recs if h["kind"] == "header"] == [0, PAUSE_AT]
+    assert infos[stopped_id].restarts == 1
+    assert "requeueing job" in logs(stopped_dir)
+    # Same seed, threads and world: bit-identical to the uninterrupted run inside.
+    assert _losses(stopped_dir) == _losses(jobs["ddp inside"][1])
 
 
 @pytest.mark.parametrize("profile", ["apptainer-gpu", "ngc-pyxis"])
