@@ -1,9 +1,9 @@
 """The sharded strategies beyond the paper (fsdp, fsdp-apex, hsdp, zero1) on the local cluster:
 each trains on 2 nodes through `hpcdp submit`, agrees with DDP at the same global batch, is
 stopped by Slurm's time-limit signal, requeues and resumes with exactly the uninterrupted
-losses, and holds less state per rank than DDP. A 4-rank sharded checkpoint resumes at 2 ranks
-(resharded), a checkpoint of the other family is refused in one line, and a `hpcdp compare`
-campaign runs sharded cells beside DDP.
+losses, and holds less state per rank than DDP. A sharded checkpoint resumes at other world
+sizes, 1 (unsharded), 4 and 2 ranks (resharded), a checkpoint of the other family is refused
+in one line, and a `hpcdp compare` campaign runs sharded cells beside DDP.
 
 Tolerances (as tests/integration/test_train_strategies.py): fp32 losses within 1e-4 relative of
 DDP's (the reductions sum in another order: reduce-scatter + all-gather, or ZeRO's broadcast);
@@ -150,24 +150,30 @@ def _train(out: Path, strategy: str, ranks: int, port: int, *settings: str
                           timeout=300)
 
 
-def test_a_4_rank_checkpoint_resumes_at_2_ranks_resharded(runs, tmp_path):
-    """4 ranks x 2 sequences for 4 steps, then 2 ranks x 4 to the end: the same global batch,
-    so the data stream continues, and the losses follow the straight 2-rank run's."""
+def test_a_sharded_checkpoint_reshards_from_1_to_4_to_2_ranks_and_back_to_1(runs, tmp_path):
+    """1 rank x 8 sequences for 2 steps (unsharded: nothing to shard at world size 1, but its
+    checkpoint is torch.distributed.checkpoint's), 4 ranks x 2 to step 4, 2 ranks x 4 to the
+    end, then 1 rank one step more: the same global batch, so the data stream continues, and
+    the losses follow the straight 2-rank run's."""
     _, jobs, _ = runs
     common = [s for s in SETTINGS if s not in ("--set", "train.micro_batch_size=4")]
     out = tmp_path / "reshard"
-    first = _train(out, "fsdp", 4, free_port(), *common, "train.steps=4",
-                   "train.micro_batch_size=2")
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = _train(out, "fsdp", 2, free_port(), *common, "train.micro_batch_size=4")
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "train: resharded the checkpoint's state from 4 ranks to 2" in second.stdout
+    legs = [(1, 8, 2, None), (4, 2, 4, "from 1 ranks to 4"), (2, 4, STEPS, "from 4 ranks to 2"),
+            (1, 8, STEPS + 1, "from 2 ranks to 1")]
+    for ranks, micro, steps, resharded in legs:
+        leg = _train(out, "fsdp", ranks, free_port(), *common, f"train.steps={steps}",
+                     f"train.micro_batch_size={micro}")
+        assert leg.returncode == 0, leg.stderr[-3000:]
+        if resharded is None:
+            assert "FSDP2: world size 1, gradients stay local" in leg.stdout
+        else:
+            assert f"train: resharded the checkpoint's state {resharded}" in leg.stdout
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(h["start_step"], h["world_size"]) for h in recs if h["kind"] == "header"] == [
-        (0, 4), (4, 2)]
+        (0, 1), (2, 4), (4, 2), (STEPS, 1)]
     straight = _losses(records(jobs["fsdp"][0][1]))
     losses = _losses(recs)
-    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert sorted(losses) == list(range(1, STEPS + 2))
     assert [losses[s] for s in range(1, STEPS + 1)] == pytest.approx(
         [straight[s] for s in range(1, STEPS + 1)], rel=1e-4)
 

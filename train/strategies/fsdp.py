@@ -10,6 +10,10 @@ mesh: shard within a node, replicate (all-reduce) across nodes.
 
 Mixed precision (fsdp-apex) is FSDP's own MixedPrecisionPolicy: fp32 sharded master weights,
 gathered and computed in bf16/fp16, gradients reduced in train.grad_comm's precision.
+
+At world size 1 nothing is sharded: the model stays whole and trains as one process does
+(autocast for fsdp-apex), and its checkpoints, still torch.distributed.checkpoint's, reshard to
+any world size.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class FSDPStrategy(DDPStrategy):
-    casts_parameters = True
     checkpoint_format = "sharded"
     # Compiled after sharding, as DDP is: FSDP2's hooks then run around the compiled graph.
     compile_around_wrapper = True
@@ -37,9 +40,24 @@ class FSDPStrategy(DDPStrategy):
     mesh = None
     """None: one dimension over every rank (FSDP); HSDP's is (replicate, shard)."""
 
+    @property
+    def casts_parameters(self) -> bool:
+        """MixedPrecisionPolicy casts the sharded parameters; one rank keeps the model whole
+        (`wrap`), so there autocast computes in the run's precision, as for one process."""
+        return self.world_size > 1
+
     def wrap(self, model, optimizer, accum_steps: int = 1):
-        gpt2 = model.model  # LanguageModel's GPT-2: the root unit, its blocks the inner ones
         self.reshard_after_forward = self.settings.fsdp.reshard_after_forward
+        if self.world_size == 1:
+            # Nothing to shard: fully_shard would still run every block's hooks and copy its
+            # parameters through one-rank all-gathers and reduce-scatters (1.20x the minimal
+            # loop's step here, docs/performance.md). torchtitan applies no FSDP at one rank
+            # either. Checkpoints stay torch.distributed.checkpoint's, so they reshard to more
+            # ranks.
+            self.log("FSDP2: world size 1, gradients stay local (nothing to shard: no "
+                     "fully_shard)")
+            return model, optimizer
+        gpt2 = model.model  # LanguageModel's GPT-2: the root unit, its blocks the inner ones
         compute = DTYPES[self.compute_dtype] if self.compute_dtype != "fp32" else None
         policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=DTYPES[self.grad_comm])
         # Parameter names survive sharding; the parameters themselves become DTensors, so the
@@ -61,9 +79,12 @@ class FSDPStrategy(DDPStrategy):
         rebuilt = type(optimizer)(groups, fused=optimizer.defaults.get("fused") or None)
         return model, rebuilt
 
-    @contextlib.contextmanager
     def no_sync(self, model):
         """Accumulation micro-steps: gradients accumulate unsharded, nothing reduce-scattered."""
+        return self._no_gradient_sync() if self.world_size > 1 else super().no_sync(model)
+
+    @contextlib.contextmanager
+    def _no_gradient_sync(self):
         self._root.set_requires_gradient_sync(False)
         try:
             yield
@@ -71,11 +92,15 @@ class FSDPStrategy(DDPStrategy):
             self._root.set_requires_gradient_sync(True)
 
     def exposed_comm(self, phases, comm):
+        if self.world_size == 1:
+            return 0.0  # nothing sharded, nothing sent: a true zero
         # FSDP's all-gathers and reduce-scatters run inside forward and backward; nothing here
         # times them apart: unknown, not zero (harvest shows "-").
         return None
 
     def describe(self) -> str:
+        if self.world_size == 1:
+            return f"FSDP2 rank 0/1 on {self.device}: unsharded ({self.communication})"
         zero = "ZeRO-3" if self.reshard_after_forward else "ZeRO-2"
         return (f"FSDP2 ({zero}) rank {self.rank}/{self.world_size} on {self.device} "
                 f"({self.communication})")
