@@ -22,8 +22,8 @@ from hpcdp import harvest
 # debug partition's tests.
 pytestmark = [pytest.mark.slurm, pytest.mark.gpu_partition]
 
+PAUSE_AT = 3  # the stopped job's last step before the time-limit signal
 # Strong scaling: the torchrun job's 4 ranks train the same global batch as the others' 2.
-PAUSE_AT = 3
 SETTINGS = sets("train.steps=6", "train.log_interval=1", "train.eval_interval=0",
                 "train.checkpoint_interval=0", "cluster.horovod_controller=gloo",
                 "train.scaling=strong", "train.global_batch_size=16", "train.micro_batch_size=4")
