@@ -8,8 +8,10 @@ racing a signal against a run that may already have finished. Forms:
     kill@STEP[:RANK]    after STEP, before its checkpoint, the rank SIGKILLs itself (a hard kill)
     hang@STEP[:RANK]    after STEP, the rank SIGSTOPs itself (a hung rank); RANK defaults to 0
     raise@STEP[:RANK]   after STEP, the rank raises an exception (a crashing rank)
+    slow@STEP[:RANK]    after STEP, the rank sleeps SLOW_S (a straggler: at the same step, its
+                        clock reads SLOW_S later than the others')
 
-kill, hang and raise fire once per run folder (a marker file records it), so that the job that
+kill, hang, raise and slow fire once per run folder (a marker file records it), so that the job that
 resumes the run (requeued, or resubmitted by `train.on_hang: requeue`) carries on.
 """
 
@@ -27,7 +29,8 @@ from hpcdp.errors import UsageError
 
 ENV_VAR = "HPCDP_FAULT"
 PAUSE_LIMIT_S = 120
-_FORM = re.compile(r"(?P<kind>pause|kill|hang|raise)@(?P<step>[1-9][0-9]*)(?::(?P<rank>[0-9]+))?")
+SLOW_S = 5.0
+_FORM = re.compile(r"(?P<kind>pause|kill|hang|raise|slow)@(?P<step>[1-9][0-9]*)(?::(?P<rank>[0-9]+))?")
 
 
 @dataclass(frozen=True)
@@ -54,13 +57,20 @@ class Fault:
             os.kill(os.getpid(), signal.SIGSTOP)
         if self.kind == "raise":
             raise RuntimeError(f"{ENV_VAR}={self.kind}@{self.step}:{self.rank}: a crashing rank")
+        if self.kind == "slow":
+            _sleep(SLOW_S, keep_alive)
         if self.kind == "pause":
-            deadline = time.monotonic() + PAUSE_LIMIT_S
-            while not stop_requested() and time.monotonic() < deadline:
-                keep_alive()
-                time.sleep(0.05)
+            _sleep(PAUSE_LIMIT_S, keep_alive, until=stop_requested)
             return True
         return False
+
+
+def _sleep(seconds: float, keep_alive: Callable[[], None],
+           until: Callable[[], bool] = lambda: False) -> None:
+    deadline = time.monotonic() + seconds
+    while not until() and time.monotonic() < deadline:
+        keep_alive()
+        time.sleep(0.05)
 
 
 def from_environment(environ: dict[str, str] | None = None) -> Fault | None:
@@ -70,5 +80,6 @@ def from_environment(environ: dict[str, str] | None = None) -> Fault | None:
     match = _FORM.fullmatch(raw)
     if not match:
         raise UsageError(f"{ENV_VAR}={raw!r} is not a fault; valid: pause@STEP, "
-                         "kill@STEP[:RANK], hang@STEP[:RANK], raise@STEP[:RANK]")
+                         "kill@STEP[:RANK], hang@STEP[:RANK], raise@STEP[:RANK], "
+                         "slow@STEP[:RANK]")
     return Fault(kind=match["kind"], step=int(match["step"]), rank=int(match["rank"] or 0))

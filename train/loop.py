@@ -268,13 +268,16 @@ class Training:
             return None
         return peak_flops(self.device_name, self.precision.name)
 
-    def checkpoint_due(self, step: int) -> bool:
-        """Every checkpoint_interval steps, or checkpoint_every_s seconds after the last one.
-        Only rank 0 writes, and replicas are identical: no agreement between ranks needed."""
-        cfg = self.exp.train
-        return bool((cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0) or (
-            cfg.checkpoint_every_s
-            and time.monotonic() - self.last_saved >= cfg.checkpoint_every_s))
+    def checkpoint_step_due(self, step: int) -> bool:
+        """Every checkpoint_interval steps: every rank knows the step, so no agreement."""
+        interval = self.exp.train.checkpoint_interval
+        return bool(interval and step % interval == 0)
+
+    def checkpoint_time_due(self) -> bool:
+        """checkpoint_every_s seconds after the last one, by this rank's clock: ranks agree
+        on it (StopSignal.agreed) before any saves, since a sharded save is collective."""
+        every = self.exp.train.checkpoint_every_s
+        return bool(every and time.monotonic() - self.last_saved >= every)
 
     def save(self, step: int, metrics: MetricsWriter) -> None:
         """Every rank calls this: rank 0 writes the whole state to one file, or (sharded
@@ -484,8 +487,10 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None],
         if fault and fault.after_step(step, strategy.rank, lambda: stop.name is not None,
                                       watchdog.beat, fired_marker=t.out_dir / ".fault-fired"):
             stop.check_now()  # every rank paused at this step: agree on the stop here
-        stopping = step < cfg.steps and stop.agreed(strategy, device, step, throughput.times[-1])
-        if step == cfg.steps or stopping or t.checkpoint_due(step):
+        agreed = stop.agreed(strategy, device, step, throughput.times[-1],
+                             checkpoint_due=t.checkpoint_time_due())
+        stopping = step < cfg.steps and agreed.stop
+        if step == cfg.steps or stopping or agreed.checkpoint or t.checkpoint_step_due(step):
             t.save(step, metrics)
             watchdog.beat()
         if stopping:

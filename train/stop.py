@@ -9,7 +9,7 @@ no checkpoint. It only records the signal; the loop's StopSignal takes it over.
 from __future__ import annotations
 
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +34,11 @@ def catch_early() -> None:
             pass
 
 
+class Agreement(NamedTuple):
+    stop: bool
+    checkpoint: bool
+
+
 MAX_CHECK_INTERVAL = 50
 """Steps between agreements at most, however fast the steps."""
 
@@ -43,12 +48,17 @@ class StopSignal:
     same step), save a checkpoint and leave, so a requeued job resumes there. A signal caught
     during start-up (catch_early) counts as received.
 
-    The agreement is one all-reduce of [signalled, steps to the next check], at steps every
-    rank knows: the first step, then as many steps later as the ranks' mean proposal (about
-    `check_every_s` of steps: train.stop_check_s). The all-reduce gives every rank the same
-    result, so every rank checks at the same steps; between checks, nothing is communicated
-    or synchronised (a collective and a host sync every step cost DDP's one-rank path about
-    10% on the tiny model; Slurm's warning comes tens of seconds before the limit)."""
+    The agreement is one all-reduce of [signalled, steps to the next check, checkpoint due],
+    at steps every rank knows: the first step, then as many steps later as the ranks' mean
+    proposal (about `check_every_s` of steps: train.stop_check_s). The all-reduce gives every
+    rank the same result, so every rank checks at the same steps; between checks, nothing is
+    communicated or synchronised (a collective and a host sync every step cost DDP's one-rank
+    path about 10% on the tiny model; Slurm's warning comes tens of seconds before the limit).
+
+    The same all-reduce carries the time-based checkpoint: each rank's clock says when
+    train.checkpoint_every_s has passed, and clocks differ, while a sharded save (DCP, ZeRO-1's
+    consolidation) is a collective that every rank must enter at the same step: a rank deciding
+    alone left the others in the next forward, a deadlock."""
 
     def __init__(self, check_every_s: float = 1.0) -> None:
         self.name: str | None = _early
@@ -69,22 +79,24 @@ class StopSignal:
         self.next_check = 0
 
     def agreed(self, strategy: Strategy, device: torch.device, step: int,
-               step_time_s: float) -> bool:
+               step_time_s: float, checkpoint_due: bool = False) -> Agreement:
+        """What every rank does after this step: stop (with a checkpoint), and/or checkpoint
+        because some rank's clock says it is time (`checkpoint_due`, this rank's view)."""
         import torch
 
         if strategy.world_size == 1:
-            return self.name is not None
+            return Agreement(stop=self.name is not None, checkpoint=checkpoint_due)
         if step < self.next_check:
-            return False
+            return Agreement(stop=False, checkpoint=False)
         proposal = min(MAX_CHECK_INTERVAL,
                        max(1, int(self.check_every_s / max(step_time_s, 1e-6))))
-        flag = torch.tensor([1.0 if self.name else 0.0, float(proposal)], device=device)
-        signalled, interval = strategy.mean(flag).tolist()
+        flags = torch.tensor([1.0 if self.name else 0.0, float(proposal),
+                              1.0 if checkpoint_due else 0.0], device=device)
+        signalled, interval, due = strategy.mean(flags).tolist()
         self.next_check = step + max(1, round(interval))
         if signalled > 0:
             self.name = self.name or "stop signal (on another rank)"
-            return True
-        return False
+        return Agreement(stop=signalled > 0, checkpoint=due > 0)
 
     def restore(self) -> None:
         """The handlers from before; the start-up recorder becomes the default again, so that

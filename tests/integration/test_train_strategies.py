@@ -267,3 +267,28 @@ def test_compiled_strategy_trains_like_its_eager_run(runs: Runs, name: str,
     assert losses == pytest.approx(eager_losses, rel=COMPILE_TOLERANCE[precision])
     (summary,) = records(tmp_path / name, "summary")
     assert summary["replicas_identical"] is True
+
+
+@pytest.mark.parametrize("name", ["fsdp", "zero1"])
+def test_time_based_checkpoints_of_collective_saves_are_taken_by_every_rank_at_once(
+        runs: Runs, name: str, tmp_path: Path) -> None:
+    """train.checkpoint_every_s goes by each rank's clock, and a sharded save (DCP for fsdp,
+    ZeroRedundancyOptimizer's consolidation for zero1) is a collective. Rank 1 straggles 5 s
+    after step 3 (HPCDP_FAULT=slow@3:1), so there its clock says a checkpoint is due and rank
+    0's does not: ranks that decided alone deadlocked (rank 1 in the save, rank 0 in step 4's
+    forward) until the watchdog ended them. They now decide together at the stop checks,
+    which train.stop_check_s=100 puts at steps 1 and 51 (50 steps apart at most): both save
+    at step 51, when both clocks say due, and at the end."""
+    port = free_port()
+    cmd = [*launcher("torchrun", port), "--experiment", "smoke", "--strategy", name,
+           "--out", str(tmp_path)]
+    for setting in [*COMMON, runs.data_setting, "train.micro_batch_size=4", "train.steps=60",
+                    "train.checkpoint_every_s=4", "train.stop_check_s=100",
+                    "train.hang_floor_s=15", "train.dist_timeout_s=60"]:
+        cmd += ["--set", setting]
+    result = subprocess.run(cmd, cwd=ROOT, env=_env() | {"HPCDP_FAULT": "slow@3:1"},
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert [r["step"] for r in records(tmp_path, "checkpoint")] == [51, 60]
+    (summary,) = records(tmp_path, "summary")
+    assert summary["status"] == "completed" and summary["replicas_identical"] is True
