@@ -22,12 +22,12 @@ common=(--experiment "$ROOT/experiments/smoke.yaml"
         --set train.steps="$STEPS" --set train.log_interval=10 --set train.warmup_log_steps=30
         --set train.eval_interval=0 --set train.checkpoint_interval=0 --set train.lr=6.0e-4
         --set train.warmup_steps=10)
-run() {  # run NAME STRATEGY [more args]
-    local name=$1 strategy=$2; shift 2
+run() {  # run NAME STRATEGY [more args]; RANKS=N (default 1) processes, one GPU each
+    local name=$1 strategy=$2 ranks=${RANKS:-1}; shift 2
     echo "== $name ($(date +%T))"
-    timeout 240 "$PY" -m torch.distributed.run --standalone --nproc_per_node=1 -m train \
+    timeout 240 "$PY" -m torch.distributed.run --standalone --nproc_per_node="$ranks" -m train \
         "${common[@]}" --strategy "$strategy" --out "$OUT/$name" "$@" \
-        --expect-world 1 2>&1 | tail -3 || echo "!! $name failed"
+        --expect-world "$ranks" 2>&1 | tail -3 || echo "!! $name failed"
 }
 run fp32 single-gpu
 run fp32-compile single-gpu --set train.compile=true
@@ -36,11 +36,23 @@ run bf16 distributed-ps-apex --set train.amp_dtype=bf16
 run bf16-compile distributed-ps-apex --set train.amp_dtype=bf16 --set train.compile=true
 run ddp-1rank distributed-ps
 run dataparallel-1gpu single-ps
-# The sharded strategies as one rank: FSDP2's hooks and casts, ZeRO-1's optimizer wrapper.
+# The sharded strategies as one rank: at world size 1 they leave the model whole and train as
+# single-gpu does (fsdp-apex: its precision and GradScaler paths), so these measure their
+# one-rank cost, not sharding. NCCL takes one rank per GPU: sharding itself (FSDP2's hooks
+# and casts, ZeRO-1's partitioned optimizer, DDP beside them) runs where 2 GPUs are visible.
 run fsdp-1rank fsdp
 run fsdp-fp16-scaler fsdp-apex --set train.amp_dtype=fp16
 run fsdp-bf16 fsdp-apex --set train.amp_dtype=bf16
 run zero1-1rank zero1
+gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+if [ "$gpus" -ge 2 ]; then
+    RANKS=2 run ddp-2gpu distributed-ps
+    RANKS=2 run fsdp-2gpu fsdp
+    RANKS=2 run fsdp-bf16-2gpu fsdp-apex --set train.amp_dtype=bf16
+    RANKS=2 run zero1-2gpu zero1
+else
+    echo "== ddp/fsdp/zero1 on 2 GPUs: skipped (1 GPU visible: nothing to shard over)"
+fi
 if "$PY" -c "import horovod.torch" 2>/dev/null; then
     run horovod-1rank horovod
 else

@@ -59,6 +59,9 @@ class StrategySpec:
     min_tasks_per_node: int = 1
     """Processes a node must hold (HSDP shards within a node: 2)."""
     aliases: tuple[str, ...] = ()
+    shards_state_of: str | None = None
+    """The unsharded strategy whose replicated state this one shards (fsdp: distributed-ps):
+    harvest's verdict states its memory per rank and throughput against that one's."""
     grad_comm: tuple[str, ...] = ()
     """Precisions it can send gradients in (train.grad_comm); empty: gradients never travel
     between processes (one process, or DataParallel inside it), so the setting does not apply."""
@@ -199,6 +202,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         transport="torch",
         in_paper=False,
         grad_comm=("fp32", "bf16", "fp16"),
+        shards_state_of="distributed-ps",
         aliases=("fsdp2",),
     ),
     StrategySpec(
@@ -212,6 +216,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         transport="torch",
         in_paper=False,
         grad_comm=("fp32", "bf16", "fp16"),
+        shards_state_of="distributed-ps-apex",
         aliases=("fsdp-amp", "fsdp2-amp"),
     ),
     StrategySpec(
@@ -226,6 +231,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         in_paper=False,
         min_tasks_per_node=2,
         grad_comm=("fp32", "bf16", "fp16"),
+        shards_state_of="distributed-ps",
         aliases=("hybrid-shard",),
     ),
     StrategySpec(
@@ -239,6 +245,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         transport="torch",
         in_paper=False,
         grad_comm=("fp32", "bf16", "fp16"),
+        shards_state_of="distributed-ps",
         aliases=("zero-1", "zero"),
     ),
 )
@@ -277,6 +284,11 @@ def get(name: str) -> StrategySpec:
             f"unknown strategy {name!r}{did_you_mean(name, _BY_NAME)}; "
             f"valid: {', '.join(NAMES)} (aliases: {alias_hint()})"
         ) from None
+
+
+def find(name: str) -> StrategySpec | None:
+    """The strategy called `name`, or None (harvest reads logs of strategies since renamed)."""
+    return _BY_NAME.get(str(name).strip().lower())
 
 
 @contextlib.contextmanager

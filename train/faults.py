@@ -30,7 +30,8 @@ from hpcdp.errors import UsageError
 ENV_VAR = "HPCDP_FAULT"
 PAUSE_LIMIT_S = 120
 SLOW_S = 5.0
-_FORM = re.compile(r"(?P<kind>pause|kill|hang|raise|slow)@(?P<step>[1-9][0-9]*)(?::(?P<rank>[0-9]+))?")
+_FORM = re.compile(r"(?P<kind>pause|kill|hang|raise|slow)@(?P<step>[1-9][0-9]*)"
+                   r"(?::(?P<rank>[0-9]+))?")
 
 
 @dataclass(frozen=True)

@@ -487,8 +487,7 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None],
         if fault and fault.after_step(step, strategy.rank, lambda: stop.name is not None,
                                       watchdog.beat, fired_marker=t.out_dir / ".fault-fired"):
             stop.check_now()  # every rank paused at this step: agree on the stop here
-        agreed = stop.agreed(strategy, device, step, throughput.times[-1],
-                             checkpoint_due=t.checkpoint_time_due())
+        agreed = stop.agreed(strategy, device, step, throughput.times[-1], t.checkpoint_time_due())
         stopping = step < cfg.steps and agreed.stop
         if step == cfg.steps or stopping or agreed.checkpoint or t.checkpoint_step_due(step):
             t.save(step, metrics)

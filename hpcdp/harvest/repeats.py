@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcdp import strategies as registry
 from hpcdp.harvest import stats
 from hpcdp.harvest.table import (
     BASELINE_PRECISION,
@@ -75,6 +76,9 @@ class Cell:
     """Median exposed gradient communication / median step time, over its runs."""
     memory_gb: float | None = None
     """Median over its runs of memory per rank (RunResult.peak_mem_gb), where recorded."""
+    state_gb: float | None = None
+    """Median over its runs of the parameters, gradients and optimizer state a rank holds
+    (RunResult.state_gb): what sharding divides, without the process's other memory."""
     group: int = 0
     """Index of its comparison group: cells are compared only within one."""
     name: str = ""
@@ -110,7 +114,7 @@ class Cell:
                 "allreduce_share_of_step": self.allreduce_share,
                 "exposed_comm_share_of_step": self.exposed_share,
                 "bandwidth_reached": self.bandwidth_reached,
-                "memory_per_rank_gb": self.memory_gb,
+                "memory_per_rank_gb": self.memory_gb, "state_per_rank_gb": self.state_gb,
                 "runs": [r.run_dir for r in self.runs]}
 
 
@@ -171,6 +175,8 @@ def cells_of(results: list[RunResult]) -> list[Cell]:
             cell.loss_failure = _loss_failure(cell.runs)
             memory = [r.peak_mem_gb for r in cell.runs if r.peak_mem_gb is not None]
             cell.memory_gb = stats.median(memory) if memory else None
+            state = [r.state_gb for r in cell.runs if r.state_gb is not None]
+            cell.state_gb = stats.median(state) if state else None
         _name(cells)
         _fill_ratios(cells)
         out.extend(cells)
@@ -347,21 +353,31 @@ def verdicts(cells: list[Cell]) -> list[dict]:
 
 
 MEMORY_TRADE_BELOW = 0.9
-"""A cell whose memory per rank is under this share of the leader's trades speed for memory:
-the verdict names it (the reason to shard: docs/compare.md)."""
+"""A cell whose memory per rank is under this share of its reference's trades speed for
+memory: the verdict names it (the reason to shard: docs/compare.md)."""
 
 
 def memory_trades(group: list[Cell], leader: str | None) -> list[str]:
-    """'fsdp 2n: 0.55x distributed-ps 2n's memory per rank at 0.93x its throughput', for each
-    cell that holds clearly less per rank than the throughput leader (medians of the runs;
-    what the memory was measured as is in the table's mem/rank column)."""
+    """'fsdp 2n: 0.55x distributed-ps 2n's memory per rank (state 0.50x) at 0.93x its
+    throughput', for each cell that holds clearly less per rank than its reference (medians
+    of the runs; what the memory was measured as is in the table's mem/rank column). The
+    reference is the unsharded strategy the cell's shards (the registry's shards_state_of:
+    fsdp against DDP, in the same precision) where the group has it, else the throughput
+    leader."""
+    by_strategy = {c.strategy: c for c in group}
     lead = next((c for c in group if c.name == leader), None)
-    if lead is None or not lead.memory_gb or not lead.median:
-        return []
-    return [f"{c.name}: {c.memory_gb / lead.memory_gb:.2f}x {lead.name}'s memory per rank at "
-            f"{c.median / lead.median:.2f}x its throughput" for c in group
-            if c is not lead and c.memory_gb is not None
-            and c.memory_gb < MEMORY_TRADE_BELOW * lead.memory_gb]
+    trades = []
+    for c in group:
+        spec = registry.find(c.strategy) if c.strategy else None
+        ref = by_strategy.get(spec.shards_state_of if spec else None) or lead
+        if (ref is None or c is ref or not ref.memory_gb or not ref.median
+                or c.memory_gb is None or c.memory_gb >= MEMORY_TRADE_BELOW * ref.memory_gb):
+            continue
+        state = (f" (state {c.state_gb / ref.state_gb:.2f}x)"
+                 if c.state_gb is not None and ref.state_gb else "")
+        trades.append(f"{c.name}: {c.memory_gb / ref.memory_gb:.2f}x {ref.name}'s memory per "
+                      f"rank{state} at {c.median / ref.median:.2f}x its throughput")
+    return trades
 
 
 def _comparison(c: stats.Comparison) -> dict:
@@ -387,7 +403,8 @@ def has_repeats(cells: list[Cell]) -> bool:
 
 
 COLUMNS = ("cell", "runs", "tokens/s median", "95% interval", "speed-up", "scaling eff",
-           "exposed comm", "all-reduce / step", "bandwidth reached", "mem/rank GB", "vs leader")
+           "exposed comm", "all-reduce / step", "bandwidth reached", "mem/rank GB",
+           "state/rank GB", "vs leader")
 
 
 def _effect_text(effect: stats.Effect | None, percent: bool, exact: bool = False) -> str:
@@ -413,6 +430,7 @@ def _row(c: Cell) -> list[str]:
             f"{c.allreduce_s * 1e3:.1f} ms = {100 * c.allreduce_share:.0f}%",
             "-" if c.bandwidth_reached is None else f"{100 * c.bandwidth_reached:.0f}%",
             "-" if c.memory_gb is None else f"{c.memory_gb:.2f}",
+            "-" if c.state_gb is None else f"{c.state_gb:.2f}",
             c.vs_fastest or "-"]
 
 

@@ -502,6 +502,7 @@ COLUMNS: list[tuple[str, str]] = [
     ("final_loss", "final loss"),
     ("final_val_loss", "val loss"),
     ("peak_mem_gb", "mem/rank GB"),
+    ("state_gb", "state/rank GB"),
     ("mfu", "MFU"),
     ("notes", "notes"),
 ]
@@ -528,7 +529,7 @@ def _cell(r: RunResult, name: str, for_csv: bool = False) -> str:
         return f"{value:.4f}"
     if name in ("step_time_ms", "time_to_target_s"):
         return f"{value:.1f}"
-    if name == "peak_mem_gb":
+    if name in ("peak_mem_gb", "state_gb"):
         return f"{value:.2f}"
     return str(value)
 
@@ -548,7 +549,7 @@ def render_table(results: list[RunResult]) -> str:
     right = {"nodes", "world_size", "global_batch", "steps", "tokens_per_s",
              "tokens_per_elapsed_s", "step_time_ms",
              "speedup", "scaling_efficiency", "efficiency_vs_single", "time_to_target_s",
-             "final_loss", "final_val_loss", "peak_mem_gb", "mfu"}
+             "final_loss", "final_val_loss", "peak_mem_gb", "state_gb", "mfu"}
     out = []
     for row in rows:
         cells = [(c.rjust(w) if name in right else c.ljust(w))

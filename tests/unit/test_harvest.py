@@ -832,11 +832,12 @@ def test_cells_inside_and_outside_a_container_get_no_verdict_across_them(tmp_pat
     assert cells["distributed-ps 2n"]["conditions"]["container"] is None
 
 
-def _set_memory(run_dir: Path, peak_gb: float) -> None:
+def _set_memory(run_dir: Path, peak_gb: float, state_gb: float = 4.0) -> None:
     """Give a HAND-WRITTEN run's summary the memory record train/memory.py writes."""
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     recs[-1]["memory"] = {"measured": "cuda_max_allocated", "peak_bytes": peak_gb * 1e9,
-                          "params_bytes": 1e9, "grads_bytes": 1e9, "optimizer_bytes": 2e9}
+                          "params_bytes": state_gb / 4 * 1e9, "grads_bytes": state_gb / 4 * 1e9,
+                          "optimizer_bytes": state_gb / 2 * 1e9}
     write_run(run_dir, recs)
 
 
@@ -854,7 +855,8 @@ def test_the_verdict_names_a_cell_that_trades_throughput_for_memory(tmp_path):
     two = next(v for v in result["verdict"] if v["nodes"] == 2)
     assert two["fastest"] == "distributed-ps 2n"
     assert two["memory_trades"] == [
-        "horovod 2n: 0.55x distributed-ps 2n's memory per rank at 0.93x its throughput"]
+        "horovod 2n: 0.55x distributed-ps 2n's memory per rank (state 1.00x) at 0.93x its "
+        "throughput"]
     assert two["text"].endswith("; memory: " + two["memory_trades"][0])
     one = next(v for v in result["verdict"] if v["nodes"] == 1)
     assert one["memory_trades"] == [] and "memory" not in one["text"]
@@ -864,6 +866,32 @@ def test_the_verdict_names_a_cell_that_trades_throughput_for_memory(tmp_path):
     again = harvest.collect([root], query_slurm=False)
     assert next(v for v in again.verdicts if v["nodes"] == 2)["memory_trades"] == []
     assert "mem/rank GB" in harvest.render(again, "table")
+
+
+def test_a_sharded_cell_states_its_trade_against_the_strategy_it_shards(tmp_path):
+    """fsdp and zero1 are held to DDP (what they shard: the registry's shards_state_of), not
+    to the throughput leader (horovod here); state/rank is in the table beside mem/rank."""
+    root = _campaign(tmp_path, {("horovod", 2): [2100.0, 2110.0, 2105.0, 2115.0, 2095.0],
+                                ("distributed-ps", 2): [2000.0, 2010.0, 2005.0, 2015.0, 1995.0],
+                                ("fsdp", 2): [1860.0, 1870.0, 1865.0, 1875.0, 1855.0],
+                                ("zero1", 2): [1900.0, 1910.0, 1905.0, 1915.0, 1895.0]})
+    memory = {"horovod": (10.0, 4.0), "distributed-ps": (10.0, 4.0), "fsdp": (5.5, 2.0),
+              "zero1": (7.5, 3.0)}
+    for strategy, (peak, state) in memory.items():
+        for k in range(1, 6):
+            _set_memory(root / f"{strategy}-2n" / f"repeat-{k}", peak, state)
+    result = harvest.collect([root], query_slurm=False)
+    (verdict,) = result.verdicts
+    assert verdict["fastest"] == "horovod 2n"
+    assert sorted(verdict["memory_trades"]) == [
+        "fsdp 2n: 0.55x distributed-ps 2n's memory per rank (state 0.50x) at 0.93x its "
+        "throughput",
+        "zero1 2n: 0.75x distributed-ps 2n's memory per rank (state 0.75x) at 0.95x its "
+        "throughput"]
+    table = harvest.render(result, "table")
+    assert "state/rank GB" in table
+    fsdp_row = next(line for line in table.splitlines() if line.startswith("fsdp 2n"))
+    assert " 5.50 " in fsdp_row and " 2.00 " in fsdp_row, fsdp_row
 
 
 def test_a_cell_whose_loss_drifted_cannot_win(tmp_path):
