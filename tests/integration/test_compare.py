@@ -78,7 +78,12 @@ def test_one_job_runs_every_cell_in_turn_and_harvest_gives_intervals(slurm_clust
     assert len({h["threads_per_process"] for h in headers}) == 1
     assert all(h["cpus_per_process"] >= 1 for h in headers)
     steps = _steps(job_id)
-    assert len(steps) == len(started) and all(s[1] == "COMPLETED" for s in steps)
+    # A cell that failed is retried once at the end of its round (an own step each); CI saw a
+    # Horovod rank segfault at start-up once, and the campaign's retry completed the cell.
+    retried = re.findall(r"cell (\S+): retrying", log)
+    assert len(steps) == len(started) + len(retried), (steps, started, retried)
+    assert sum(s[1] != "COMPLETED" for s in steps) == len(retried), steps
+    assert all(f"cell {key}: retry exit 0" in log for key in retried), log[-3000:]
     spans = sorted((s[2], s[3]) for s in steps)
     assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
     result = _harvest(folder)
@@ -110,6 +115,7 @@ def test_a_requeued_campaign_skips_finished_cells(slurm_cluster, tmp_path):
     while not (done_file.exists() and done_file.read_text().count("\n") >= 2):
         assert time.monotonic() < deadline, "two cells never finished"
         time.sleep(0.5)
+    finished_before = {line.split()[1] for line in done_file.read_text().splitlines()}
     subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
     info = wait_all([job_id], timeout_s=600)[job_id]
     assert info.state == "COMPLETED", info
@@ -122,6 +128,13 @@ def test_a_requeued_campaign_skips_finished_cells(slurm_cluster, tmp_path):
     result = _harvest(folder)
     assert sorted(c["repeats"] for c in result["cells"]) == [2, 2]
     assert all(r["steps"] == 20 for r in result["runs"])  # steps counted once, resumed or not
+    # Issue 19 item 4: the job was requeued once (sacct says so for the campaign's job), but a
+    # cell that had finished before counts its own segments: no restart, no requeue note.
+    assert info.restarts == 1, info
+    for run in result["runs"]:
+        if any(run["run_dir"].endswith(key) for key in finished_before):
+            assert run["restarts"] == 0 and run["segments"] == 1, run
+            assert not any("requeued" in note for note in run["notes"]), run
 
 
 LOSS_RTOL = 1e-4
@@ -130,12 +143,25 @@ the summation order of the gradient average differs (measured here: under 1e-6).
 
 
 def test_strong_scaling_gives_one_global_batch_and_the_same_losses(slurm_cluster, tmp_path):
-    # 1 and 4 nodes: accumulation 4 against 4 ranks; no probes (a minute of the suite).
-    _, folder = _compare(tmp_path, "--repeats", "1", *sets(
-        "matrix.strategies=[distributed-ps]", "matrix.nodes=[1,4]", "compare.order=as-listed",
-        "compare.network_baseline=false",
-        "train.scaling=strong", "train.global_batch_size=32", "train.steps=8",
-        "train.eval_interval=0", "train.checkpoint_interval=0"), wait=True)
+    """1 and 4 nodes: accumulation 4 against 4 ranks; no probes (a minute of the suite). The
+    campaign is written with `compare --render` and started by hand with plain sbatch, as on
+    a cluster where hpcdp does not submit (issue 19 item 9)."""
+    rendered = subprocess.run(
+        [sys.executable, "-m", "hpcdp", "compare", "--render", "--out", str(tmp_path / "runs"),
+         "--repeats", "1", *sets(
+             "matrix.strategies=[distributed-ps]", "matrix.nodes=[1,4]",
+             "compare.order=as-listed", "compare.network_baseline=false",
+             "train.scaling=strong", "train.global_batch_size=32", "train.steps=8",
+             "train.eval_interval=0", "train.checkpoint_interval=0")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    folder = tmp_path / "runs" / "smoke" / "compare"
+    by_hand = subprocess.run(["sbatch", "--parsable", str(folder / "campaign.sbatch")],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert by_hand.returncode == 0, by_hand.stderr
+    job_id = by_hand.stdout.strip().split(";")[0]
+    info = wait_all([job_id], timeout_s=900)[job_id]
+    assert info.state == "COMPLETED", (info, (folder / f"slurm-{job_id}.out").read_text()[-3000:])
     losses, headers = {}, {}
     for n in (1, 4):
         run = folder / f"distributed-ps-{n}n" / "repeat-1" / "metrics.jsonl"

@@ -186,15 +186,19 @@ def test_a_sharded_checkpoint_reshards_from_1_to_4_to_2_ranks_and_back_to_1(runs
 
 
 def test_sharded_cells_run_in_a_campaign_beside_ddp(slurm_cluster, tmp_path):
-    """Also the trackers' campaign grouping (tests/integration/test_tracked_runs.py has the rest):
-    one campaign fewer in the suite."""
+    """Every sharded strategy as a cell of one `hpcdp compare` campaign of the modern-smoke
+    experiment (2 ranks on each of 2 nodes, which hsdp needs), beside DDP: each completes,
+    harvest's table shows state per rank (fsdp < hsdp < zero1 < DDP at 4 ranks) and reads
+    the cells. Also the trackers' campaign grouping (tests/integration/test_tracked_runs.py
+    has the rest): one campaign fewer in the suite."""
+    strategies = ["distributed-ps", "fsdp", "fsdp-apex", "hsdp", "zero1"]
     done = subprocess.run(
-        [sys.executable, "-m", "hpcdp", "compare", "--out", str(tmp_path / "runs"),
-         "--repeats", "1", *sets("matrix.strategies=[distributed-ps,fsdp,zero1]",
-                                 "matrix.nodes=[2]", "compare.network_baseline=false",
-                                 "train.steps=6", "train.eval_interval=0",
-                                 "train.checkpoint_interval=0",
-                                 "train.trackers=[tensorboard,mlflow,wandb]"),
+        [sys.executable, "-m", "hpcdp", "compare", "--experiment", "modern-smoke",
+         "--out", str(tmp_path / "runs"), "--repeats", "1",
+         *sets(f"matrix.strategies=[{','.join(strategies)}]", "matrix.nodes=[2]",
+               "cluster.cpu_ranks_per_node=2", "compare.network_baseline=false",
+               "train.steps=6", "train.micro_batch_size=4",
+               "train.trackers=[tensorboard,mlflow,wandb]"),
          "--wait", "--timeout", "600"],
         cwd=tmp_path, capture_output=True, text=True, timeout=700)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -204,15 +208,19 @@ def test_sharded_cells_run_in_a_campaign_beside_ddp(slurm_cluster, tmp_path):
     assert harvest.returncode == 0, harvest.stderr
     runs_json = json.loads(harvest.stdout)["runs"]
     by_strategy = {r["strategy"]: r for r in runs_json}
-    assert set(by_strategy) == {"distributed-ps", "fsdp", "zero1"}
+    assert set(by_strategy) == set(strategies)
     # A campaign's cells are steps of its job: their state is read from their logs.
-    assert all(r["state"].startswith("COMPLETED") and r["nodes"] == 2 for r in runs_json)
-    assert by_strategy["fsdp"]["state_gb"] < by_strategy["zero1"]["state_gb"] \
-        < by_strategy["distributed-ps"]["state_gb"]
+    assert all(r["state"].startswith("COMPLETED") and r["nodes"] == 2 and r["world_size"] == 4
+               for r in runs_json), runs_json
+    state = {s: by_strategy[s]["state_gb"] for s in strategies}
+    assert state["fsdp"] < state["hsdp"] < state["zero1"] < state["distributed-ps"], state
+    table = subprocess.run([sys.executable, "-m", "hpcdp", "harvest", str(folder)],
+                           capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0 and "state/rank GB" in table.stdout, table.stdout
 
     # The campaign is one group in each tracker: an MLflow experiment named after its folder
     # (one store at its root), a W&B group, and a TensorBoard folder per cell below it.
-    cells = {f"{s}-2n/repeat-1" for s in ("distributed-ps", "fsdp", "zero1")}
+    cells = {f"{s}-2n/repeat-1" for s in strategies}
     assert set(mlflow_runs(folder / "mlruns", folder.name)) == cells
     for cell in cells:
         (segment,) = wandb_runs(folder / cell / "wandb")
