@@ -1,6 +1,7 @@
 """A rank that hangs (HPCDP_FAULT=hang@STEP:1 makes rank 1 SIGSTOP itself, as `kill -STOP`
-would) ends a two-node job FAILED within train.dist_timeout_s plus a margin, for DDP and for
-Horovod over MPI (which no collective timeout bounds) and over Gloo; the live ranks' stacks and
+would) ends a two-node job FAILED within train.dist_timeout_s plus a margin, for DDP, FSDP2
+(the sharded strategies' collectives: all-gathers in forward), and for Horovod over MPI (which
+no collective timeout bounds) and over Gloo; the live ranks' stacks and
 the name of the silent rank are in RUN_DIR/hang/. Before the progress watchdog, Horovod over MPI
 ran on until the time limit."""
 
@@ -23,7 +24,7 @@ SETTINGS = sets("train.steps=100000", "train.eval_interval=0", "train.checkpoint
                 "train.checkpoint_every_s=0", "train.micro_batch_size=2",
                 "data.corpus=synthetic", f"train.dist_timeout_s={TIMEOUT_S}",
                 "train.hang_floor_s=5")
-CELLS = [("distributed-ps", None), ("horovod", "mpi"), ("horovod", "gloo")]
+CELLS = [("distributed-ps", None), ("fsdp", None), ("horovod", "mpi"), ("horovod", "gloo")]
 
 
 def test_a_stopped_rank_ends_the_job_failed_within_the_timeout(slurm_cluster, tmp_path):
