@@ -92,8 +92,8 @@ class ContainerConfig:
                     "--cleanenv", "-e", "--containall", "-C"):
                 raise UsageError(
                     f"{where}.options entry {opt!r} would clear the SLURM_* variables each "
-                    "rank finds its place by; pass what the image must not see differently, "
-                    f"or set {where}.env")
+                    "rank finds its place by (--cleanenv, -e, --containall and -C are "
+                    f"refused); leave it out, and set what the image must see in {where}.env")
 
     @staticmethod
     def mount_paths(mount: str) -> tuple[str, str, str]:

@@ -16,7 +16,7 @@ import sys
 import pytest
 from slurm_jobs import logs, records, sets, submit, wait_all, wait_for_step
 
-from hpcdp import harvest
+from hpcdp import harvest, strategies
 
 # On the gpu partition's two nodes (asking for no GPU): scripts/test.sh runs these beside the
 # debug partition's tests.
@@ -146,23 +146,38 @@ def test_a_run_inside_stops_on_the_time_limit_signal_requeues_and_resumes(runs):
 
 @pytest.mark.parametrize("profile", ["apptainer-gpu", "ngc-pyxis"])
 def test_the_container_gpu_profiles_pass_sbatch_test_only(slurm_cluster, tmp_path, profile):
+    """Every strategy of the registry, on 1 node and, where it spans nodes, on 2: each script
+    the example profile renders is accepted by `sbatch --test-only` on the gpu partition (its
+    #SBATCH lines fit; nothing runs), and each of its Python lines starts inside the image."""
     gres = subprocess.run(["sinfo", "-h", "-p", "gpu", "-o", "%G"], capture_output=True,
                           text=True).stdout
     if "gpu:4" not in gres:
         pytest.skip("the local cluster has no GPU nodes (mknod not permitted where it started)")
     image = tmp_path / "hpcdp-pytorch.sif"
     image.write_bytes(b"")
-    over = sets("cluster.gpus_per_node=4", "cluster.cpus_per_task=1")
+    # The gpu partition's nodes have 4 GPUs and 4 CPUs each; hsdp's 4 ranks per node shard.
+    over = sets("cluster.gpus_per_node=4", "cluster.cpus_per_task=1",
+                "matrix.strategies=[" + ",".join(s.name for s in strategies.STRATEGIES) + "]",
+                "matrix.nodes=[1,2]")
     if profile == "apptainer-gpu":
         over += sets(f"cluster.container.image={image}")
     rendered = subprocess.run(
-        [sys.executable, "-m", "hpcdp", "render", "--strategy", "horovod", "--nodes", "2",
-         "--cluster", profile, "--out", str(tmp_path / "runs"), *over],
-        cwd=tmp_path, capture_output=True, text=True)
+        [sys.executable, "-m", "hpcdp", "render", "--cluster", profile, "--out",
+         str(tmp_path / "runs"), *over], cwd=tmp_path, capture_output=True, text=True)
     assert rendered.returncode == 0, rendered.stderr
-    script = tmp_path / "runs" / "smoke" / "horovod-2n" / "job.sbatch"
-    text = script.read_text()
-    assert "#SBATCH --partition=gpu" in text and "CONTAINER_" in text
-    test = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True)
-    assert test.returncode == 0, test.stderr
-    assert "to start at" in test.stderr
+    cells = {f"{s.name}-{n}n" for s in strategies.STRATEGIES for n in (1, 2)
+             if s.max_nodes is None or n <= s.max_nodes}
+    scripts = {p.parent.name: p for p in (tmp_path / "runs" / "smoke").glob("*/job.sbatch")}
+    assert set(scripts) == cells
+    marker = '"${CONTAINER_SRUN[@]}"' if profile == "ngc-pyxis" else '"${CONTAINER_EXEC[@]}"'
+    refused = {}
+    for cell, script in sorted(scripts.items()):
+        text = script.read_text()
+        python_lines = [line for line in text.splitlines() if '"$PYTHON"' in line]
+        assert "#SBATCH --partition=gpu" in text and python_lines, cell
+        assert all(line.startswith("srun ") and marker in line for line in python_lines), cell
+        test = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True,
+                              text=True, timeout=60)
+        if test.returncode != 0 or "to start at" not in test.stderr:
+            refused[cell] = test.stderr.strip()
+    assert not refused, f"{profile}: sbatch --test-only refused {refused}"

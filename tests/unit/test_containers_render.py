@@ -146,8 +146,12 @@ def test_torchrun_port_in_the_shell_is_distenv_s(tmp_path):
     ({"runtime": "pyxis", "image": "a#b", "mounts": ["/no/such:/d"]}, "the source '/no/such' "
                                                                       "does not exist"),
     ({"runtime": "pyxis", "image": "a#b", "mounts": ["/tmp:/a,/b"]}, "no comma"),
+    ({"runtime": "pyxis", "image": "a#b", "mounts": ["/tmp:data"]}, "the target 'data' must "
+                                                                     "be an absolute path"),
     ({"runtime": "apptainer", "image": "IMAGE", "options": ["--cleanenv"]},
      "would clear the SLURM_* variables"),
+    ({"runtime": "singularity", "image": "IMAGE", "options": ["--containall"]},
+     "'--containall' would clear the SLURM_* variables"),
     ({"runtime": "pyxis", "image": "a#b", "options": ["container-remap-root"]},
      "must be one option starting with '-'"),
     ({"runtime": "pyxis", "image": "a#b", "env": {"1X": "y"}}, "cluster.container.env key"),
@@ -177,3 +181,39 @@ def test_the_cli_refuses_a_missing_image_in_one_line_and_writes_nothing(tmp_path
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "'/shared/containers/hpcdp-pytorch.sif' does not exist" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("cluster, fields, fragment", [
+    ("ngc-pyxis", ["cluster.container.mounts=['/tmp:']"],
+     "mounts entry '/tmp:' must be SRC, SRC:DST or SRC:DST:OPTIONS"),
+    ("ngc-pyxis", ["cluster.container.runtime=docker"],
+     "cluster.container.runtime 'docker' is not valid; valid: none, apptainer, singularity, "
+     "pyxis, oci"),
+    ("apptainer-gpu", ["cluster.container.image=IMAGE", "cluster.container.options=[--cleanenv]"],
+     "options entry '--cleanenv' would clear the SLURM_* variables"),
+])
+def test_the_cli_refuses_a_bad_container_field_in_one_line_and_writes_nothing(
+        cluster, fields, fragment, tmp_path):
+    """A bad mount, runtime or option: exit 2, one line naming the value, no run folder."""
+    image = _image(tmp_path, "apptainer")  # so that only the field under test is wrong
+    args = [arg for field in fields for arg in ("--set", field.replace("IMAGE", str(image)))]
+    result = subprocess.run(
+        [sys.executable, "-m", "hpcdp", "render", "--cluster", cluster, "--strategy", "ddp",
+         "--nodes", "2", "--out", str(tmp_path / "runs"), *args],
+        cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("hpcdp: error: ") and fragment in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_horovod_over_mpi_with_oci_renders_its_pmix_line_inside(tmp_path):
+    """Not refused (docs/containers.md#horovod-and-mpi-inside-a-container): Slurm 22.05's OCI
+    steps keep PMIx's per-task variables out of the container, but later Slurm sets each task's
+    container up itself, and the script is the same there."""
+    text = _render("horovod", 2, "local", tmp_path, horovod_controller="mpi",
+                   **_container(tmp_path, "oci"))
+    ranks = [line for line in text.splitlines() if "-m train \"${TRAIN_ARGS[@]}\"" in line]
+    assert len(ranks) == 1 and ranks[0].startswith('srun "${CONTAINER_SRUN[@]}" --mpi=pmix ')
+    assert '"${CONTAINER_EXEC[@]}" "$PYTHON"' in ranks[0]
+    assert "CONTAINER_SRUN=(--container=/WORKDIR/bundle)" in text

@@ -38,6 +38,8 @@ from hpcdp.distenv import (
     HostlistError,
     check_master_is_rank0_node,
     check_world,
+    container_hint,
+    container_in_use,
     detect,
     expand_hostlist,
     master_port_for_job,
@@ -787,3 +789,48 @@ def test_hpcdp_env_outside_any_job_says_no_launcher_and_not_in_a_step(tmp_path) 
     text = subprocess.run(run, env=clean, capture_output=True, text=True, check=True,
                           cwd=tmp_path).stdout
     assert text.startswith("no launcher found") and "in_step: False" in text
+
+
+# --------------------------------------------------------------------------------------------
+# Which container a process runs in (`hpcdp env`'s container line, the metrics header's)
+
+OCI_TASK = {**N1X4_2, "SLURM_CONTAINER": "/srv/bundle"}  # srun --container=/srv/bundle
+# Apptainer sets both its own variable and the older name; Pyxis sets neither.
+APPTAINER = {"APPTAINER_CONTAINER": "/img/a.sif", "SINGULARITY_CONTAINER": "/img/a.sif"}
+SCRIPT = {"HPCDP_CONTAINER": "pyxis nvcr.io#nvidia/pytorch:24.05-py3"}  # the script's export
+
+
+@pytest.mark.parametrize("environ, in_use, variable", [
+    ({}, None, None),
+    (N1X4_2, None, None),
+    (SCRIPT, "pyxis nvcr.io#nvidia/pytorch:24.05-py3", "HPCDP_CONTAINER"),
+    ({"SINGULARITY_CONTAINER": "/img/s.sif", **SCRIPT}, "apptainer /img/s.sif",
+     "SINGULARITY_CONTAINER"),
+    ({**APPTAINER, "SINGULARITY_CONTAINER": "/img/old.sif", **SCRIPT}, "apptainer /img/a.sif",
+     "APPTAINER_CONTAINER"),
+    ({**OCI_TASK, **APPTAINER, **SCRIPT}, "oci /srv/bundle", "SLURM_CONTAINER"),
+    # An empty variable says nothing: the next one in the order tells.
+    ({"SLURM_CONTAINER": "", "APPTAINER_CONTAINER": "", **SCRIPT},
+     "pyxis nvcr.io#nvidia/pytorch:24.05-py3", "HPCDP_CONTAINER"),
+])
+def test_the_container_comes_from_the_runtime_s_own_variable_first_then_the_script_s(
+        environ, in_use, variable) -> None:
+    """SLURM_CONTAINER, APPTAINER_CONTAINER, SINGULARITY_CONTAINER, then HPCDP_CONTAINER: what
+    the runtime itself set wins over what the script asked for (docs/containers.md)."""
+    assert container_in_use(environ) == in_use
+    hint = container_hint(environ)
+    if variable is None:
+        assert hint == "none seen (no container variable set)"
+    else:
+        assert hint == f"{in_use} ({variable})"
+
+
+def test_the_container_is_read_from_the_process_environment_by_default(monkeypatch) -> None:
+    for name in ("SLURM_CONTAINER", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER",
+                 "HPCDP_CONTAINER"):
+        monkeypatch.delenv(name, raising=False)
+    assert container_in_use() is None
+    monkeypatch.setenv("HPCDP_CONTAINER", "oci /srv/bundle")
+    monkeypatch.setenv("SINGULARITY_CONTAINER", "/img/s.sif")
+    assert container_in_use() == "apptainer /img/s.sif"
+    assert container_hint() == "apptainer /img/s.sif (SINGULARITY_CONTAINER)"
