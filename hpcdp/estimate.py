@@ -7,10 +7,13 @@ HPCDP_MAX_REQUEUES times). Each cell's step time comes, in this order, from:
 - an earlier run of the same cell (strategy, nodes, ranks, model, sequence length, micro batch)
   under the experiment's output folder: the median step time its summary recorded;
 - the model's training FLOPs per step (6N + 12 L d T per token, Kaplan et al.) over the
-  devices' peak at ASSUMED_MFU, where the peak is known: `cluster.gpu_type` naming a GPU of
-  hpcdp/peaks.py's table, or HPCDP_PEAK_FLOPS (FLOP/s per device);
+  devices' peak at ASSUMED_MFU in the precision the cell trains in: HPCDP_PEAK_FLOPS (FLOP/s
+  per device), else `cluster.gpu_type` naming a GPU of hpcdp/peaks.py's table, else (no or an
+  unlisted gpu_type) the slowest GPU of that table, an assumption the estimate states.
 
-else the cell has no estimate, and the campaign says so. No torch: the CLI calls this.
+A cell the table has no peak for (a V100 in bf16) has no estimate: the others' sum is then a
+lower bound, and the campaign says how many cells it leaves out; so has every cell on CPU
+nodes (cluster.gpus_per_node 0) without HPCDP_PEAK_FLOPS. No torch: the CLI calls this.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from hpcdp import peaks, progress
 from hpcdp.config import MODEL_PRESETS, ClusterProfile, Experiment
+from hpcdp.errors import one_line
 
 ASSUMED_MFU = 0.3
 """Share of the peak a GPT-2 step reaches: 30-45% is typical of well-fed GPUs with AMP; the low
@@ -33,13 +37,22 @@ file system or with torch.compile)."""
 PROBE_S = 15.0
 """Per network probe (start-up included)."""
 VOCAB = {"bytes": 256, "gpt2": 50257}
+DEFAULT_REQUEUES = 3
+"""HPCDP_MAX_REQUEUES when unset or not a whole number, as the job scripts take it."""
 
 
 @dataclass(frozen=True)
 class Estimate:
     seconds: float | None
-    """None when some cell has no step time to go by."""
+    """The cells' and probes' time; None when no cell has a step time to go by. With `missing`
+    cells, a lower bound."""
     how: str
+    missing: int = 0
+    """Cells without an estimate (left out of `seconds`)."""
+    cells: int = 0
+    why_missing: str = ""
+    assumed: str | None = None
+    """The GPU assumed for want of a known cluster.gpu_type (e.g. "V100"), or None."""
 
 
 def _vocab(experiment: Experiment) -> int:
@@ -52,10 +65,29 @@ def flops_per_token(experiment: Experiment) -> float:
     return 6 * params + 12 * n_layer * n_embd * experiment.train.seq_len
 
 
-def _peak(profile: ClusterProfile, precision: str) -> float | None:
-    if os.environ.get(peaks.OVERRIDE) or profile.gpu_type:
-        return peaks.peak_flops(profile.gpu_type or "", precision)
-    return None
+def _precision(mixed: bool, experiment: Experiment) -> str:
+    """What a cell trains in on a GPU, as train/precision.py resolves it (auto: fp16)."""
+    if not mixed:
+        return "fp32"
+    return "fp16" if experiment.train.amp_dtype == "auto" else experiment.train.amp_dtype
+
+
+def slowest_gpu(precision: str) -> str:
+    """The GPU of hpcdp/peaks.py's table with the lowest peak in `precision`."""
+    return min((table[precision], name) for name, table in peaks.PEAK_FLOPS.items()
+               if table.get(precision))[1]
+
+
+def _peak(profile: ClusterProfile, precision: str) -> tuple[float | None, str | None]:
+    """(peak FLOP/s of one device, the GPU assumed when the profile names none the table
+    knows: the slowest one, so that the estimate errs long)."""
+    gpu = (profile.gpu_type or "").upper()
+    if os.environ.get(peaks.OVERRIDE) or any(name in gpu for name in peaks.PEAK_FLOPS):
+        return peaks.peak_flops(gpu, precision), None
+    if not profile.gpus_per_node:  # CPU nodes: no GPU to assume
+        return None, None
+    assumed = slowest_gpu(precision)
+    return peaks.PEAK_FLOPS[assumed][precision], assumed
 
 
 def _earlier_step_times(root: Path, experiment: Experiment) -> dict[tuple, float]:
@@ -86,7 +118,7 @@ def campaign(plan, profile: ClusterProfile, experiment: Experiment) -> Estimate:
     root = plan.folder.parent
     earlier = _earlier_step_times(root, experiment)
     per_token = flops_per_token(experiment)
-    total, sources, missing = 0.0, set(), []
+    total, sources, missing, assumed = 0.0, set(), [], {}
     for cell in plan.cells:
         job = cell.job
         world = cell.nodes * job.tasks_per_node
@@ -94,11 +126,13 @@ def campaign(plan, profile: ClusterProfile, experiment: Experiment) -> Estimate:
         if step is not None:
             sources.add("earlier runs of these cells")
         else:
-            precision = "bf16" if cell.strategy.mixed_precision else "fp32"
-            peak = _peak(profile, precision)
+            precision = _precision(cell.strategy.mixed_precision, experiment)
+            peak, gpu = _peak(profile, precision)
             if peak is None:
-                missing.append(cell.key)
+                missing.append(f"{cell.key} ({precision})")
                 continue
+            if gpu:
+                assumed.setdefault(gpu, precision)
             replicas = cell.nodes * cell.strategy.replicas_per_node(profile.gpus_per_node,
                                                                     job.tasks_per_node)
             devices = max(replicas, cell.nodes * cell.strategy.gpus_per_node(
@@ -109,11 +143,33 @@ def campaign(plan, profile: ClusterProfile, experiment: Experiment) -> Estimate:
             sources.add(f"FLOPs at {ASSUMED_MFU:.0%} of the peak")
         total += experiment.train.steps * step + START_UP_S
     total += PROBE_S * (len(plan.probes) + len(plan.probes_end))
+    why = ""
     if missing:
-        return Estimate(None, f"no estimate for {len(missing)} of {len(plan.cells)} cells (no "
-                              f"earlier run of them under {root}, and no known device peak: "
-                              "set cluster.gpu_type, e.g. a100, or HPCDP_PEAK_FLOPS)")
-    return Estimate(total, " and ".join(sorted(sources)) or "start-up only")
+        cells = f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}"
+        why = (f"no earlier run of them under {root}, and " + (
+            f"{profile.gpu_type} has no peak in their precision: {cells}; set HPCDP_PEAK_FLOPS "
+            "or another train.amp_dtype" if profile.gpus_per_node else
+            "CPU nodes (cluster.gpus_per_node 0) have no peak hpcdp knows: set "
+            "HPCDP_PEAK_FLOPS (FLOP/s per rank)"))
+    if len(missing) == len(plan.cells) and plan.cells:
+        return Estimate(None, "", len(missing), len(plan.cells), why)
+    gpu = " and ".join(f"{name} ({precision})" if len(assumed) > 1 else name
+                       for name, precision in assumed.items()) or None
+    return Estimate(total, " and ".join(sorted(sources)) or "start-up only", len(missing),
+                    len(plan.cells), why, gpu)
+
+
+def max_requeues() -> tuple[int, list[str]]:
+    """HPCDP_MAX_REQUEUES as the job scripts read it (unset, empty or not a whole number: 3),
+    and a warning line when it is not a whole number."""
+    text = os.environ.get("HPCDP_MAX_REQUEUES", "")
+    if not text:
+        return DEFAULT_REQUEUES, []
+    if text.isascii() and text.isdigit():
+        return int(text), []
+    return DEFAULT_REQUEUES, [f"hpcdp: warning: HPCDP_MAX_REQUEUES={one_line(text)!r} is not a "
+                              f"whole number (0, 1, 2, ...); the job will requeue at most "
+                              f"{DEFAULT_REQUEUES} times, as if it were unset"]
 
 
 def format_seconds(seconds: float) -> str:
@@ -126,13 +182,25 @@ def lines(plan, profile: ClusterProfile, experiment: Experiment) -> list[str]:
     requeues cannot cover it."""
     guess = campaign(plan, profile, experiment)
     if guess.seconds is None:
-        return [f"hpcdp: campaign duration: {guess.how}"]
+        return [f"hpcdp: campaign duration: no estimate for {guess.missing} of {guess.cells} "
+                f"cells ({guess.why_missing})"]
     limit = profile.time_limit_s()
-    requeues = int(os.environ.get("HPCDP_MAX_REQUEUES", "3") or 3)
-    out = [f"hpcdp: campaign duration: about {format_seconds(guess.seconds)} (from {guess.how};"
-           f" time limit {profile.time_limit} per run of the job)"]
+    requeues, out = max_requeues()
+    about = "at least" if guess.missing else "about"
+    out.append(f"hpcdp: campaign duration: {about} {format_seconds(guess.seconds)} (from "
+               f"{guess.how}; time limit {profile.time_limit} per run of the job)")
+    if guess.assumed:
+        told = (f"cluster.gpu_type {profile.gpu_type!r} is not in hpcdp's table of peaks"
+                if profile.gpu_type else "cluster.gpu_type is not set")
+        known = ", ".join(name.lower() for name in peaks.PEAK_FLOPS)
+        out.append(f"hpcdp: the estimate assumes {guess.assumed} GPUs, the slowest hpcdp knows "
+                   f"({told}); set cluster.gpu_type ({known}) or HPCDP_PEAK_FLOPS for a better "
+                   "estimate")
+    if guess.missing:
+        out.append(f"hpcdp: {guess.missing} of {guess.cells} cells have no estimate, so the "
+                   f"campaign takes longer than that ({guess.why_missing})")
     if guess.seconds > limit * (1 + requeues):
-        out.append(f"hpcdp: warning: the campaign needs about {format_seconds(guess.seconds)},"
+        out.append(f"hpcdp: warning: the campaign needs {about} {format_seconds(guess.seconds)},"
                    f" more than cluster.time_limit {profile.time_limit} with {requeues} "
                    f"requeues can give ({format_seconds(limit * (1 + requeues))}): raise "
                    "cluster.time_limit, set HPCDP_MAX_REQUEUES, or run fewer cells or steps")

@@ -320,18 +320,69 @@ def test_golden_campaign_script(tmp_path, matches_golden):
 
 def test_the_campaign_says_how_long_it_takes_and_warns_when_the_limit_cannot_cover_it(tmp_path):
     # issue 19, item 10: 70 cells of 5,000 GPT-2 steps asked for 04:00:00 and said nothing
-    args = ("compare", "--experiment", "paper", "--cluster", "generic-gpu", "--dry-run")
+    mine = tmp_path / "my-cluster.yaml"  # the issue's command: a copy of generic-gpu (no gpu_type)
+    mine.write_text((PROJECT_ROOT / "experiments" / "profiles" / "generic-gpu.yaml").read_text())
+    args = ("compare", "--experiment", "paper", "--cluster", str(mine), "--dry-run")
     unknown = _hpcdp(tmp_path, *args)
-    assert "no estimate for 70 of 70 cells" in unknown.stderr and "cluster.gpu_type" in \
-        unknown.stderr
+    assert unknown.returncode == 0, unknown.stderr
+    assert "no estimate" not in unknown.stderr and "campaign duration: about" in unknown.stderr
+    assert "the estimate assumes V100 GPUs, the slowest hpcdp knows (cluster.gpu_type is not " \
+           "set); set cluster.gpu_type" in unknown.stderr
+    assert "more than cluster.time_limit 04:00:00 with 3 requeues" in unknown.stderr
     a100 = _hpcdp(tmp_path, *args, "--set", "cluster.gpu_type=a100")
     assert a100.returncode == 0, a100.stderr
     assert "from FLOPs at 30% of the peak" in a100.stderr
     assert "hpcdp: warning: the campaign needs about" in a100.stderr
     assert "more than cluster.time_limit 04:00:00 with 3 requeues" in a100.stderr
+    assert "assumes" not in a100.stderr
     roomy = _hpcdp(tmp_path, *args, "--set", "cluster.gpu_type=a100",
                    "--set", "cluster.time_limit=2-00:00:00")
     assert "warning" not in roomy.stderr and "campaign duration: about" in roomy.stderr
+
+
+def test_cells_without_an_estimate_leave_the_others_as_a_lower_bound(tmp_path):
+    # issue 19, item 10: one cell without a step time erased the whole estimate
+    from hpcdp import estimate
+
+    profile = config.load_profile("generic-gpu", {"output_dir": str(tmp_path / "runs"),
+                                                  "gpu_type": "v100"})  # no bf16 peak
+    exp = config.load_experiment("paper", {"train": {"amp_dtype": "bf16"}})
+    plan = campaign.plan(profile, exp)
+    mixed = sum(c.strategy.mixed_precision for c in plan.cells)
+    guess = estimate.campaign(plan, profile, plan.experiment)
+    fp32_only = campaign.plan(profile, config.load_experiment("paper", {"matrix": {
+        "strategies": sorted({c.strategy.name for c in plan.cells
+                              if not c.strategy.mixed_precision})}}))
+    assert 0 < mixed < len(plan.cells) and guess.seconds is not None
+    assert guess.seconds >= estimate.campaign(fp32_only, profile, plan.experiment).seconds > 0
+    assert guess.missing == mixed
+    said = "\n".join(estimate.lines(plan, profile, plan.experiment))
+    assert "campaign duration: at least " in said
+    assert f"{mixed} of {len(plan.cells)} cells have no estimate" in said and "(bf16)" in said
+    assert "hpcdp: warning: the campaign needs at least" in said  # the bound exceeds it
+    cpus = _plan(tmp_path)  # CPU nodes: no GPU to assume, no duration without a peak
+    said = estimate.lines(cpus, config.load_profile("local"), cpus.experiment)
+    assert said == [f"hpcdp: campaign duration: no estimate for {len(cpus.cells)} of "
+                    f"{len(cpus.cells)} cells (no earlier run of them under "
+                    f"{cpus.folder.parent}, and CPU nodes (cluster.gpus_per_node 0) have no "
+                    "peak hpcdp knows: set HPCDP_PEAK_FLOPS (FLOP/s per rank))"]
+
+
+@pytest.mark.parametrize("value", ["abc", "2.5", "-1"])
+def test_a_max_requeues_that_is_not_a_whole_number_is_a_warning_not_a_traceback(
+        tmp_path, monkeypatch, value):
+    # issue 19, item 10: int(HPCDP_MAX_REQUEUES) raised; the job scripts take 3 instead
+    monkeypatch.setenv("HPCDP_MAX_REQUEUES", value)
+    done = _hpcdp(tmp_path, "compare", "--experiment", "paper", "--cluster", "generic-gpu",
+                  "--set", "cluster.gpu_type=a100", "--dry-run")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert f"hpcdp: warning: HPCDP_MAX_REQUEUES={value!r} is not a whole number" in done.stderr
+    assert "with 3 requeues" in done.stderr
+    monkeypatch.setenv("HPCDP_MAX_REQUEUES", "7")
+    seven = _hpcdp(tmp_path, "compare", "--experiment", "paper", "--cluster", "generic-gpu",
+                   "--set", "cluster.gpu_type=a100", "--dry-run")
+    assert "not a whole number" not in seven.stderr
+    assert "requeue itself about 4 time(s) to finish (HPCDP_MAX_REQUEUES 7)" in seven.stderr
 
 
 def test_earlier_runs_of_the_same_cells_give_the_step_time(tmp_path):
