@@ -6,6 +6,7 @@ Start-up must stay fast: nothing here imports torch or transformers (a test chec
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -297,13 +298,16 @@ def cmd_run(args) -> int:
     if args.nodes not in (None, 1):
         raise UsageError(f"--nodes {args.nodes}: `hpcdp run` uses this machine only (1 node); "
                          "use `hpcdp submit` for more")
+    if args.ranks:  # this machine's ranks per node: what the checks (hsdp's 2) and script see
+        devices = "gpus_per_node" if profile.gpus_per_node else "cpu_ranks_per_node"
+        profile = dataclasses.replace(profile, **{devices: args.ranks})
     jobs = _render_selection(args, profile, experiment, one_node_only=True)
     _check_horovod(jobs, profile, controller=local_run.HOROVOD_CONTROLLER)
     _claim_run_dirs(jobs, experiment, args)
     render.write_jobs(jobs, experiment)  # the same scripts, for a later sbatch
     failed = []
     for job in jobs:
-        code = local_run.run_locally(job.strategy, args.ranks or profile.devices_per_node(),
+        code = local_run.run_locally(job.strategy, profile.devices_per_node(),
                                      job.experiment_file, job.run_dir)
         if code != 0:
             failed.append(f"{job.strategy.name} (exit {code})")
@@ -320,18 +324,21 @@ def cmd_status(args) -> int:
     if args.cluster_filter:
         records = [r for r in records if r.get("cluster") == args.cluster_filter]
     records = records[-args.last:]
-    if others:
-        print(f"({others} job(s) of other checkouts not shown: --all-projects shows them)")
     if not records:
+        if others:
+            print(_others_not_shown(others))
         print(f"no jobs submitted by hpcdp yet (records: {submit.state_file()})")
         return 0
     _fallback_slurm_env()
     redraw = args.watch and not args.json and sys.stdout.isatty()
     while True:
         infos = slurm.query_jobs([r["job_id"] for r in records])  # one call for all jobs
-        if redraw:
-            print("\033[H\033[J", end="")  # a terminal: draw the table again in place
-        _print_status(records, infos, as_json=args.json)
+        frame, notes = _status_frame(records, infos, as_json=args.json, others=others)
+        # A terminal: draw the whole frame again in place, the note on other checkouts in it.
+        sys.stdout.write(("\033[H\033[J" if redraw else "") + frame)
+        sys.stdout.flush()
+        for note in notes:
+            print(note, file=sys.stderr)
         if not args.watch or all(slurm.has_ended(i, infos.accounting_available)
                                  for i in infos.values()):
             return 0
@@ -389,31 +396,54 @@ def cmd_cancel(args) -> int:
         raise UsageError("cancel what? name job ids, or --all (the jobs hpcdp submitted from "
                          "this checkout that have not ended)")
     _fallback_slurm_env()
+    theirs: list[str] = []  # other checkouts' jobs that --all leaves alone
     if args.all:  # only this checkout's jobs, unless asked (the job registry is per user)
-        records, _ = submit.project_records(records, args.all_projects)
-        wanted = list(dict.fromkeys(r["job_id"] for r in records))
+        mine, _ = submit.project_records(records, args.all_projects)
+        wanted = list(dict.fromkeys(r["job_id"] for r in mine))
+        theirs = [job for job in dict.fromkeys(r["job_id"] for r in records)
+                  if job not in wanted]
     else:
         wanted = [_record_of(job, records)["job_id"] for job in args.jobs]
-    infos = slurm.query_jobs(wanted)
-    ids = [job for job in wanted if job in infos and infos[job].source == "squeue"]  # live
+    infos = slurm.query_jobs(wanted + theirs)  # one squeue (+ sacct) for all of them
+
+    def live(job: str) -> bool:
+        return job in infos and infos[job].source == "squeue"
+
+    ids = [job for job in wanted if live(job)]
     ended = [job for job in wanted if job not in ids]
+    left_alone = sum(map(live, theirs))
     if ended and not args.all:
         print("hpcdp: already ended, nothing to cancel: " + ", ".join(
             f"{job} ({infos[job].state if job in infos else 'UNKNOWN'})" for job in ended))
     if not ids:
-        print("hpcdp: no job of hpcdp's is pending or running" if args.all else
-              "hpcdp: cancelled nothing")
-        return 0
-    failed = slurm.cancel(ids)
-    if failed:
-        raise UsageError(f"scancel {' '.join(ids)} failed: {failed}")
-    print(f"cancelled {len(ids)} job(s): {' '.join(ids)}")
+        print(("hpcdp: no job of hpcdp's is pending or running" if args.all_projects else
+               "hpcdp: no job submitted from this checkout is pending or running")
+              if args.all else "hpcdp: cancelled nothing")
+    else:
+        failed = slurm.cancel(ids)
+        if failed:
+            raise UsageError(f"scancel {' '.join(ids)} failed: {failed}")
+        print(f"cancelled {len(ids)} job(s): {' '.join(ids)}")
+    if left_alone:
+        print(f"({left_alone} pending or running job(s) of other checkouts left alone: "
+              "--all-projects cancels them too)")
     return 0
 
 
-def _print_status(records: list[dict], infos, as_json: bool) -> None:
+def _others_not_shown(others: int) -> str:
+    return f"({others} job(s) of other checkouts not shown: --all-projects shows them)"
+
+
+def _status_frame(records: list[dict], infos, as_json: bool,
+                  others: int = 0) -> tuple[str, list[str]]:
+    """One frame of `hpcdp status` (what --watch redraws): (its text for stdout, its notes
+    for stderr). The count of other checkouts' jobs is in every frame: on a terminal each
+    redraw clears the screen. With --json it is a note, so that stdout stays JSON."""
     from hpcdp import progress
 
+    out, notes = [], []
+    if others:
+        (notes if as_json else out).append(_others_not_shown(others))
     rows, lines = [], []
     for record in records:
         info = infos.get(record["job_id"])
@@ -425,23 +455,23 @@ def _print_status(records: list[dict], infos, as_json: bool) -> None:
                      "elapsed_s": info.elapsed_s if info else None,
                      "restarts": info.restarts if info else None,
                      "progress": done.to_dict() if done else None})
+    if infos.accounting_available is False:
+        notes.append(f"hpcdp: sacct is unavailable ({infos.accounting_message}); ended jobs "
+                     "show UNKNOWN")
     if as_json:
-        print(json.dumps(rows, indent=2))
-        return
-    print(f"{'JOB':>10}  {'STATE':<12} {'STRATEGY':<20} {'NODES':>5}  {'ELAPSED':>8}  RUN"
-          f"   ({time.strftime('%H:%M:%S')})")
+        return json.dumps(rows, indent=2) + "\n", notes
+    out.append(f"{'JOB':>10}  {'STATE':<12} {'STRATEGY':<20} {'NODES':>5}  {'ELAPSED':>8}  RUN"
+               f"   ({time.strftime('%H:%M:%S')})")
     for row, line in zip(rows, lines):
         elapsed = "" if row["elapsed_s"] is None else f"{row['elapsed_s']:.0f}s"
         state = row["state"] + (f" x{row['restarts']}" if row["restarts"] else "")
         if row["reason"] and row["state"] == "PENDING":
             state += f" ({row['reason']})"
-        print(f"{row['job_id']:>10}  {state:<12} {row['strategy']:<20} {row['nodes']:>5}  "
-              f"{elapsed:>8}  {row['run_dir']}", flush=True)
+        out.append(f"{row['job_id']:>10}  {state:<12} {row['strategy']:<20} {row['nodes']:>5}  "
+                   f"{elapsed:>8}  {row['run_dir']}")
         if line:
-            print(f"{'':>10}  {line}", flush=True)
-    if infos.accounting_available is False:
-        print(f"hpcdp: sacct is unavailable ({infos.accounting_message}); ended jobs show "
-              "UNKNOWN", file=sys.stderr)
+            out.append(f"{'':>10}  {line}")
+    return "".join(f"{text}\n" for text in out), notes
 
 
 def cmd_env(args) -> int:

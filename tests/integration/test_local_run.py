@@ -19,7 +19,9 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("strategy,world", [("single-gpu", 1), ("distributed-ps", 2)])
+# hsdp: the sharded strategies start as DDP does (torchrun); one node of 2 ranks is a 1 x 2 mesh.
+@pytest.mark.parametrize("strategy,world", [("single-gpu", 1), ("distributed-ps", 2),
+                                            ("hsdp", 2)])
 def test_hpcdp_run_trains_as_local_processes(strategy, world, tmp_path):
     # Even inside an allocation, `hpcdp run` must not let srun's variables describe its world.
     env = {**os.environ, "SLURM_JOB_ID": "999", "SLURM_PROCID": "3", "SLURM_NTASKS": "8"}

@@ -64,22 +64,91 @@ def test_status_shows_progress_logs_print_and_cancel_stops_the_job(slurm_cluster
     # --follow returns once the job has ended, with the whole log.
     followed = hpcdp("logs", "--follow", job_id, cwd=tmp_path, timeout=120).stdout
     assert "SIGTERM (preemption or scancel)" in followed
-    assert hpcdp("cancel", "--all", cwd=tmp_path).stdout.strip() == (
-        "hpcdp: no job of hpcdp's is pending or running")
     # issue 19, item 8: a job that already ended is named as such, not "cancelled"
     again = hpcdp("cancel", job_id, cwd=tmp_path).stdout
     assert f"already ended, nothing to cancel: {job_id} (CANCELLED)" in again
     assert "cancelled 1 job" not in again
-    # ... and another checkout's job (same user, same registry) is neither shown nor cancelled
+
+
+def shows(text: str, job_id: str) -> bool:
+    """Whether a `hpcdp status` table has a row of this job (ids are right-aligned first)."""
+    return re.search(rf"^\s*{job_id}\s", text, re.MULTILINE) is not None
+
+
+def on_a_terminal(*args: str, cwd: Path) -> str:
+    """What `hpcdp ARGS` writes to a terminal (a pseudo-terminal: stdout.isatty() is true)."""
+    import os
+    import pty
+    import subprocess
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "hpcdp", *args], cwd=cwd, stdout=follower,
+                            stderr=follower, stdin=subprocess.DEVNULL)
+    os.close(follower)
+    out = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the program ended and closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(leader)
+        assert proc.wait(timeout=60) == 0, out
+    return out.decode("utf-8", "replace")
+
+
+def test_another_checkouts_job_is_neither_shown_nor_cancelled_by_cancel_all(slurm_cluster,
+                                                                             tmp_path,
+                                                                             monkeypatch):
+    # issue 19, item 8: the job registry is per user; `cancel --all` keeps to this checkout
+    monkeypatch.setenv("HPCDP_STATE_DIR", str(tmp_path / "state"))
     registry = tmp_path / "state" / "jobs.jsonl"
-    other = {**json.loads(registry.read_text().splitlines()[-1]), "job_id": "999999999",
-             "project": "/elsewhere/hpcdp"}
-    with registry.open("a") as fh:
-        fh.write(json.dumps(other) + "\n")
-    status = hpcdp("status", cwd=tmp_path).stdout
-    assert "(1 job(s) of other checkouts not shown: --all-projects shows them)" in status
-    assert "999999999" not in status
-    assert "999999999" in hpcdp("status", "--all-projects", cwd=tmp_path).stdout
+    ids = []
+    try:
+        for out in ("mine", "theirs"):
+            submitted = hpcdp("submit", "--strategy", "single-gpu", "--out",
+                              str(tmp_path / out), *LONG, cwd=tmp_path)
+            ids.append(re.search(r"submitted job (\d+)", submitted.stdout).group(1))
+        mine, theirs = ids
+        # The second job becomes another checkout's, as a second clone of the same user writes
+        # it: same registry, another `project`. It is live (pending or running) from here on.
+        records = [json.loads(line) for line in registry.read_text().splitlines()]
+        assert [r["job_id"] for r in records] == ids
+        records[1]["project"] = "/elsewhere/hpcdp"
+        registry.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+        status = hpcdp("status", cwd=tmp_path).stdout
+        assert "(1 job(s) of other checkouts not shown: --all-projects shows them)" in status
+        assert shows(status, mine) and not shows(status, theirs)
+        assert shows(hpcdp("status", "--all-projects", cwd=tmp_path).stdout, theirs)
+
+        cancelled = hpcdp("cancel", "--all", cwd=tmp_path).stdout.splitlines()
+        assert cancelled == [f"cancelled 1 job(s): {mine}",
+                             "(1 pending or running job(s) of other checkouts left alone: "
+                             "--all-projects cancels them too)"]
+        assert wait_final(mine).state == "CANCELLED"
+        assert slurm.query_jobs([theirs])[theirs].source == "squeue"  # still pending/running
+        assert hpcdp("cancel", "--all", cwd=tmp_path).stdout.splitlines()[0] == (
+            "hpcdp: no job submitted from this checkout is pending or running")
+
+        # issue 19, item 12: on a terminal --watch redraws in place; the count of other
+        # checkouts' jobs is part of the frame, not printed once before the first redraw
+        # cleared it (this checkout's job has ended: one frame, then it returns).
+        screen = on_a_terminal("status", "--watch", "0.5", cwd=tmp_path)
+        frame = screen.split("\033[H\033[J")[-1]
+        assert "\033[H\033[J" in screen and "other checkouts not shown" in frame, screen
+        assert shows(frame, mine) and not shows(frame, theirs)
+
+        everything = hpcdp("cancel", "--all", "--all-projects", cwd=tmp_path).stdout
+        assert everything.strip() == f"cancelled 1 job(s): {theirs}"
+        assert wait_final(theirs).state == "CANCELLED"
+    finally:
+        if ids:
+            slurm.cancel(ids)
 
 
 @pytest.mark.parametrize("argv, says", [

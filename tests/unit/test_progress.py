@@ -1,12 +1,13 @@
 """hpcdp/progress.py: step of total, loss, tokens/s and ETA from a run's metrics.jsonl, read from
-its first and last bytes only; a campaign's progress is the cell it is on."""
+its first and last bytes only; a campaign's progress is the cell it is on. And the frame of
+`hpcdp status` that shows it (what --watch redraws)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from hpcdp import progress
+from hpcdp import cli, progress, slurm
 
 
 def header(steps: int, start: int = 0) -> dict:
@@ -99,3 +100,23 @@ def test_a_campaign_moved_aside_by_fresh_is_read_where_it_went(tmp_path):
 def test_durations_read_like_a_clock():
     assert [progress.format_duration(s) for s in (0, 59.6, 61, 3600, 7322)] == [
         "0s", "1m00s", "1m01s", "1h00m", "2h02m"]
+
+
+def test_every_status_frame_carries_the_count_of_other_checkouts_jobs(tmp_path):
+    # issue 19, item 12: --watch on a terminal printed the count once, before its first redraw
+    # cleared it; the count now is part of each frame. With --json it is a note on stderr.
+    run_dir = tmp_path / "run"
+    write(run_dir / "metrics.jsonl", [header(30), step(10, 1.0), step(20, 2.0)])
+    records = [{"job_id": "7", "strategy": "ddp", "nodes": 2, "run_dir": str(run_dir)}]
+    infos = slurm.JobTable({"7": slurm.JobInfo("7", "RUNNING", elapsed_s=12.0,
+                                                source="squeue")})
+    frame, notes = cli._status_frame(records, infos, as_json=False, others=2)
+    first, table, row, done = frame.splitlines()
+    assert first == "(2 job(s) of other checkouts not shown: --all-projects shows them)"
+    assert table.split()[:2] == ["JOB", "STATE"] and row.split()[:3] == ["7", "RUNNING", "ddp"]
+    assert done.strip().startswith("20/30 loss 2.000") and notes == []
+    frame, notes = cli._status_frame(records, infos, as_json=True, others=2)
+    assert json.loads(frame)[0]["progress"]["step"] == 20  # stdout stays JSON
+    assert notes == ["(2 job(s) of other checkouts not shown: --all-projects shows them)"]
+    alone, _ = cli._status_frame(records, infos, as_json=False)
+    assert "other checkouts" not in alone and alone.split()[:2] == ["JOB", "STATE"]
