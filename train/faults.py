@@ -11,8 +11,8 @@ racing a signal against a run that may already have finished. Forms:
     slow@STEP[:RANK]    after STEP, the rank sleeps SLOW_S (a straggler: at the same step, its
                         clock reads SLOW_S later than the others')
 
-kill, hang, raise and slow fire once per run folder (a marker file records it), so that the job that
-resumes the run (requeued, or resubmitted by `train.on_hang: requeue`) carries on.
+kill, hang, raise and slow fire once per run folder (a marker file records it), so that the
+job that resumes the run (requeued, or resubmitted by `train.on_hang: requeue`) carries on.
 """
 
 from __future__ import annotations

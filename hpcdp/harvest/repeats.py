@@ -361,7 +361,7 @@ def memory_trades(group: list[Cell], leader: str | None) -> list[str]:
     """'fsdp 2n: 0.55x distributed-ps 2n's memory per rank (state 0.50x) at 0.93x its
     throughput', for each cell that holds clearly less per rank than its reference (medians
     of the runs; what the memory was measured as is in the table's mem/rank column). The
-    reference is the unsharded strategy the cell's shards (the registry's shards_state_of:
+    reference is the unsharded strategy the cell shards (the registry's shards_state_of:
     fsdp against DDP, in the same precision) where the group has it, else the throughput
     leader."""
     by_strategy = {c.strategy: c for c in group}

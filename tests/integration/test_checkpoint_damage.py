@@ -1,6 +1,7 @@
 """Checkpoints that cannot be trusted or written (issue 19, items 2 and 3): a damaged newest
-checkpoint is skipped for the intact one before it, none intact is one line, and a disk that
-fills while writing is one line with the temporary file gone and a resume that continues."""
+checkpoint is skipped for the intact one before it (a file, and a sharded folder of which one
+rank's shard is damaged), none intact is one line, and a disk that fills while writing is one
+line with the temporary file gone and a resume that continues."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ SETS = ["train.log_interval=1", "train.eval_interval=0", "train.checkpoint_inter
         "train.stop_check_s=0", "train.keep_checkpoints=2"]
 
 
-def train(out: Path, steps: int, resume: bool = False) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "train", "--experiment", "smoke", "--strategy", "single-gpu",
+def train(out: Path, steps: int, resume: bool = False, strategy: str = "single-gpu",
+          ranks: int = 1) -> subprocess.CompletedProcess:
+    launch = [sys.executable]
+    if ranks > 1:
+        launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    cmd = [*launch, "-m", "train", "--experiment", "smoke", "--strategy", strategy,
            "--out", str(out), "--set", f"train.steps={steps}"]
     cmd += [a for s in SETS for a in ("--set", s)] + (["--resume"] if resume else [])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
@@ -56,6 +61,26 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one(tmp_path):
     assert len(errors) == 1 and "no intact checkpoint in" in errors[0]
     assert "step-0000016.pt (its sha256 differs" in errors[0] and "step-0000012.pt" in errors[0]
     assert "Traceback" not in done.stderr
+
+
+def test_a_sharded_checkpoint_with_one_damaged_shard_falls_back_to_the_intact_one(tmp_path):
+    """fsdp on 2 ranks: each rank writes its shard into step-N.dcp/; the size and digest of
+    every file are recorded beside it, so rank 1's shard cut short makes the whole folder
+    untrusted, and the resume takes the one before, as it does for a file."""
+    out = tmp_path / "run"
+    first = train(out, 12, strategy="fsdp", ranks=2)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert checkpoints(out) == ["step-0000008.dcp", "step-0000008.dcp.sha256",
+                                "step-0000012.dcp", "step-0000012.dcp.sha256"]
+    shards = sorted((out / "checkpoints" / "step-0000012.dcp").glob("*.distcp"))
+    assert len(shards) == 2, shards  # one per rank
+    os.truncate(shards[-1], shards[-1].stat().st_size // 2)
+    done = train(out, 16, resume=True, strategy="fsdp", ranks=2)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in done.stdout.splitlines() if "skipped damaged" in line]
+    assert len(said) == 1 and "step-0000012.dcp (" in said[0], done.stdout[-2000:]
+    assert "resuming from step-0000008.dcp" in said[0]
+    assert "at step 8" in done.stdout and "Traceback" not in done.stderr
 
 
 @pytest.fixture
