@@ -81,8 +81,8 @@ def slowest_gpu(precision: str) -> str:
 def _peak(profile: ClusterProfile, precision: str) -> tuple[float | None, str | None]:
     """(peak FLOP/s of one device, the GPU assumed when the profile names none the table
     knows: the slowest one, so that the estimate errs long)."""
-    gpu = (profile.gpu_type or "").upper()
-    if os.environ.get(peaks.OVERRIDE) or any(name in gpu for name in peaks.PEAK_FLOPS):
+    gpu = profile.gpu_type or ""
+    if os.environ.get(peaks.OVERRIDE) or peaks.known_gpu(gpu):
         return peaks.peak_flops(gpu, precision), None
     if not profile.gpus_per_node:  # CPU nodes: no GPU to assume
         return None, None

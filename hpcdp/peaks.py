@@ -26,10 +26,13 @@ def peak_flops(device_name: str, precision: str) -> float | None:
     override = os.environ.get(OVERRIDE)
     if override:
         return peak_flops_override(override)
-    for key, table in PEAK_FLOPS.items():
-        if key in device_name.upper():
-            return table.get(precision)
-    return None
+    key = known_gpu(device_name)
+    return PEAK_FLOPS[key].get(precision) if key else None
+
+
+def known_gpu(device_name: str) -> str | None:
+    """The table's GPU that the name contains ("NVIDIA H100 80GB HBM3", "a100"), or None."""
+    return next((key for key in PEAK_FLOPS if key in device_name.upper()), None)
 
 
 def peak_flops_override(text: str) -> float:

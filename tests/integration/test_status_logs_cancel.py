@@ -4,7 +4,10 @@ cluster (issue 12, item 3)."""
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -77,10 +80,6 @@ def shows(text: str, job_id: str) -> bool:
 
 def on_a_terminal(*args: str, cwd: Path) -> str:
     """What `hpcdp ARGS` writes to a terminal (a pseudo-terminal: stdout.isatty() is true)."""
-    import os
-    import pty
-    import subprocess
-
     leader, follower = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "hpcdp", *args], cwd=cwd, stdout=follower,
                             stderr=follower, stdin=subprocess.DEVNULL)
