@@ -10,8 +10,10 @@ racing a signal against a run that may already have finished. Forms:
     raise@STEP[:RANK]   after STEP, the rank raises an exception (a crashing rank)
     slow@STEP[:RANK]    after STEP, the rank sleeps SLOW_S (a straggler: at the same step, its
                         clock reads SLOW_S later than the others')
+    segv@start[:RANK]   before its strategy connects, the rank dies of SIGSEGV (a crash in
+                        MPI's or NCCL's start-up, which the job script relaunches)
 
-kill, hang, raise and slow fire once per run folder (a marker file records it), so that the
+kill, hang, raise, slow and segv fire once per run folder (a marker file records it), so that the
 job that resumes the run (requeued, or resubmitted by `train.on_hang: requeue`) carries on.
 """
 
@@ -31,7 +33,9 @@ ENV_VAR = "HPCDP_FAULT"
 PAUSE_LIMIT_S = 120
 SLOW_S = 5.0
 _FORM = re.compile(r"(?P<kind>pause|kill|hang|raise|slow)@(?P<step>[1-9][0-9]*)"
-                   r"(?::(?P<rank>[0-9]+))?")
+                   r"(?::(?P<rank>[0-9]+))?|(?P<start_kind>segv)@start(?::(?P<start_rank>[0-9]+))?")
+START = 0
+"""The step of a fault that fires at start-up, before step 1."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,20 @@ class Fault:
     kind: str
     step: int
     rank: int = 0
+
+    def at_start(self, rank: int, fired_marker: Path | None = None) -> None:
+        """Called by every rank before its strategy connects; a segv@start fault fires here."""
+        if self.step == START and rank == self.rank and self._first_time(fired_marker):
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+    def _first_time(self, fired_marker: Path | None) -> bool:
+        """Whether the fault has not fired in this run folder yet; records that it fires now."""
+        if fired_marker is None:
+            return True
+        if fired_marker.exists():
+            return False
+        fired_marker.write_text(f"{self.kind}@{self.step or 'start'}:{self.rank}\n")
+        return True
 
     def after_step(self, step: int, rank: int, stop_requested: Callable[[], bool],
                    keep_alive: Callable[[], None] = lambda: None,
@@ -48,10 +66,8 @@ class Fault:
         True when every rank paused at this step."""
         if step != self.step or (self.kind != "pause" and rank != self.rank):
             return False
-        if self.kind != "pause" and fired_marker is not None:
-            if fired_marker.exists():
-                return False
-            fired_marker.write_text(f"{self.kind}@{self.step}:{self.rank}\n")
+        if self.kind != "pause" and not self._first_time(fired_marker):
+            return False
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if self.kind == "hang":
@@ -82,5 +98,7 @@ def from_environment(environ: dict[str, str] | None = None) -> Fault | None:
     if not match:
         raise UsageError(f"{ENV_VAR}={raw!r} is not a fault; valid: pause@STEP, "
                          "kill@STEP[:RANK], hang@STEP[:RANK], raise@STEP[:RANK], "
-                         "slow@STEP[:RANK]")
+                         "slow@STEP[:RANK], segv@start[:RANK]")
+    if match["start_kind"]:
+        return Fault(kind=match["start_kind"], step=START, rank=int(match["start_rank"] or 0))
     return Fault(kind=match["kind"], step=int(match["step"]), rank=int(match["rank"] or 0))

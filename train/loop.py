@@ -186,12 +186,25 @@ def run(exp: Experiment, strategy_name: str, out_dir: str | Path, resume: bool =
     distenv.check_world(env, expect_world, expect_tasks_per_node)
     torch.set_num_threads(distenv.threads_per_process(env))
     strategy = create(spec, log=log if env.rank == 0 else _quiet)
+    fault = faults.from_environment()
+    if fault:
+        fault.at_start(env.rank, fired_marker=Path(out_dir) / ".fault-fired")
     strategy.setup(env, exp.train.dist_timeout_s)
+    record_connected(Path(out_dir), env)
     try:
         return _train(exp, spec, env, strategy, Path(out_dir), resume,
                       log if strategy.is_main else _quiet)
     finally:
         strategy.teardown()
+
+
+def record_connected(out_dir: Path, env: distenv.DistEnv) -> None:
+    """RUN_DIR/ranks/connected-RANK = "JOB": this rank's strategy set up its communication. The
+    job script relaunches a launch that crashed before every rank wrote it (a start-up crash in
+    MPI, PMIx or NCCL), never one that crashed while training."""
+    folder = out_dir / "ranks"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"connected-{env.rank}").write_text(f"{env.job_id or 'manual'}\n")
 
 
 def _train(exp: Experiment, spec: registry.StrategySpec, env: distenv.DistEnv,

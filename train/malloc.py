@@ -13,7 +13,9 @@ there for sites that tune it (MALLOC_CONF) and name it.
 allocator hardly matters there), and in processes that initialise MPI (Horovod's MPI controller).
 Open MPI interposes the memory functions (its memory patcher), and with tcmalloc preloaded one of
 about 25 two-node Horovod-MPI runs here died of a segfault at start-up (a call through a null
-pointer) that was not traced further. No such crash was seen in the test runs before it.
+pointer) that was not traced further. The same crash was later seen once under glibc's malloc
+too (in CI, inside or before hvd.init), so tcmalloc is not its cause alone; the job script now
+relaunches a launch whose rank died before every rank connected (HPCDP_START_RETRIES).
 
 An allocator is chosen before a process starts (LD_PRELOAD), so `python -m train run`
 re-executes itself once, before torch loads, with the library preloaded. Nothing here imports

@@ -173,7 +173,7 @@ def test_the_container_gpu_profiles_pass_sbatch_test_only(slurm_cluster, tmp_pat
     refused = {}
     for cell, script in sorted(scripts.items()):
         text = script.read_text()
-        python_lines = [line for line in text.splitlines() if '"$PYTHON"' in line]
+        python_lines = [line.strip() for line in text.splitlines() if '"$PYTHON"' in line]
         assert "#SBATCH --partition=gpu" in text and python_lines, cell
         assert all(line.startswith("srun ") and marker in line for line in python_lines), cell
         test = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True,

@@ -137,3 +137,30 @@ def test_a_crashing_rank_ends_the_job_failed_at_once(slurm_cluster, tmp_path):
                      r"the launch exited [1-9]\d*);", log), log[-3000:]
     assert "waiting for Slurm to requeue" not in log
     assert info.elapsed_s is not None and info.elapsed_s < 120, info  # not the 600 s wait
+
+
+def test_a_rank_that_dies_at_start_up_is_relaunched(slurm_cluster, tmp_path):
+    """Rank 1 segfaults before its strategy connects (HPCDP_FAULT=segv@start:1, once per run
+    folder), as Open MPI's start-up rarely does: the script launches again in the same job,
+    which then trains every step once. With HPCDP_START_RETRIES=0 the same crash fails the job."""
+    steps = 6
+    settings = sets(f"train.steps={steps}", "train.eval_interval=0",
+                    "train.checkpoint_interval=0", "train.checkpoint_every_s=0",
+                    "train.micro_batch_size=2", "data.corpus=synthetic")
+    relaunched = submit(tmp_path, "distributed-ps", 2, tmp_path / "relaunched", *settings,
+                        env={"HPCDP_FAULT": "segv@start:1"})
+    not_relaunched = submit(tmp_path, "distributed-ps", 2, tmp_path / "not-relaunched",
+                            *settings, env={"HPCDP_FAULT": "segv@start:1",
+                                            "HPCDP_START_RETRIES": "0"})
+    infos = wait_all([relaunched[0], not_relaunched[0]], timeout_s=300)
+    log = logs(relaunched[1])
+    assert infos[relaunched[0]].state == "COMPLETED", f"{infos[relaunched[0]]}\n{log[-3000:]}"
+    assert re.search(r"hpcdp: a rank died at start-up \(the launch exited 1\d\d before every "
+                     r"rank connected\); relaunching \(1 of 1", log), log[-3000:]
+    kinds = [r["kind"] for r in records(relaunched[1])]
+    steps_run = [r["step"] for r in records(relaunched[1]) if r["kind"] == "step"]
+    assert kinds.count("header") == 1 and steps_run == list(range(1, steps + 1)), kinds
+    log = logs(not_relaunched[1])
+    assert infos[not_relaunched[0]].state == "FAILED", f"{infos[not_relaunched[0]]}\n{log[-3000:]}"
+    assert "relaunching" not in log, log[-3000:]
+    assert "hpcdp: a rank failed (the launch exited" in log, log[-3000:]

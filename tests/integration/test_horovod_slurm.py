@@ -106,5 +106,5 @@ def test_rendered_horovod_script_runs_by_hand_with_sbatch(slurm_cluster, tmp_pat
     sbatch = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
                             text=True, check=True, cwd=tmp_path)
     job_id = sbatch.stdout.strip()
-    assert wait_all([job_id])[job_id] == "COMPLETED"
+    assert wait_all([job_id])[job_id] == "COMPLETED", slurm_jobs.logs(script.parent)[-3000:]
     check_run(script.parent, job_id, 2, "mpi")

@@ -82,7 +82,7 @@ def test_container_golden_script(name, tmp_path, matches_golden):
     subprocess.run(["bash", "-n", str(script)], check=True)
     # Every line that starts Python runs in the container, and nothing else does.
     python_lines = [line for line in text.splitlines() if '"$PYTHON"' in line]
-    assert python_lines and all(line.startswith("srun ") for line in python_lines)
+    assert python_lines and all(line.lstrip().startswith("srun ") for line in python_lines)
     marker = '"${CONTAINER_EXEC[@]}" "$PYTHON"' if runtime != "pyxis" else '"${CONTAINER_SRUN[@]}"'
     assert all(marker in line for line in python_lines), python_lines
 
@@ -124,7 +124,7 @@ def test_torchrun_port_in_the_shell_is_distenv_s(tmp_path):
     from hpcdp import distenv
 
     text = _render("distributed-ps", 2, "local", tmp_path, launcher="torchrun")
-    line = next(line for line in text.splitlines() if line.startswith("RDZV_PORT="))
+    line = next(line for line in text.splitlines() if line.lstrip().startswith("RDZV_PORT="))
     for job_id in ("1", "4288586", "99999999"):
         shell = subprocess.run(["bash", "-c", f"SLURM_JOB_ID={job_id}\n{line}\necho $RDZV_PORT"],
                                capture_output=True, text=True, check=True).stdout
@@ -213,7 +213,7 @@ def test_horovod_over_mpi_with_oci_renders_its_pmix_line_inside(tmp_path):
     container up itself, and the script is the same there."""
     text = _render("horovod", 2, "local", tmp_path, horovod_controller="mpi",
                    **_container(tmp_path, "oci"))
-    ranks = [line for line in text.splitlines() if "-m train \"${TRAIN_ARGS[@]}\"" in line]
+    ranks = [line.strip() for line in text.splitlines() if "-m train \"${TRAIN_ARGS[@]}\"" in line]
     assert len(ranks) == 1 and ranks[0].startswith('srun "${CONTAINER_SRUN[@]}" --mpi=pmix ')
     assert '"${CONTAINER_EXEC[@]}" "$PYTHON"' in ranks[0]
     assert "CONTAINER_SRUN=(--container=/WORKDIR/bundle)" in text

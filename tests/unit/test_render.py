@@ -83,7 +83,7 @@ def test_gpus_per_task_asks_each_task_for_its_own_gpus(tmp_path):
 def test_torchrun_launcher_starts_one_torchrun_per_node_for_ddp_only(tmp_path):
     text = _render("distributed-ps", 2, "local", tmp_path, cpu_ranks_per_node=2,
                    launcher="torchrun")
-    launch = [line for line in text.splitlines() if line.startswith("srun ")]
+    launch = [line.strip() for line in text.splitlines() if line.lstrip().startswith("srun ")]
     assert launch == [
         'srun --nodes=2 --ntasks=2 --ntasks-per-node=1'
         ' --cpus-per-task="${NODE_CPUS:-${SLURM_CPUS_ON_NODE:-1}}"'
@@ -103,8 +103,8 @@ def test_torchrun_launcher_starts_one_torchrun_per_node_for_ddp_only(tmp_path):
 def _torchrun_threads(text: str, environ: dict[str, str]) -> tuple[str, str]:
     """Run the script's lines that set torchrun's threads; (OMP_NUM_THREADS, NODE_CPUS)."""
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("THREADS="))
-    end = next(i for i, line in enumerate(lines) if line.startswith("NODE_CPUS="))
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("THREADS="))
+    end = next(i for i, line in enumerate(lines) if line.lstrip().startswith("NODE_CPUS="))
     code = "\n".join(["set -euo pipefail", *lines[start:end + 1],
                       'echo "$OMP_NUM_THREADS ${NODE_CPUS:-}"'])
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",
