@@ -129,8 +129,9 @@ def _fallback_slurm_env() -> None:
 def _claim_run_dirs(jobs, experiment: config.Experiment, args) -> None:
     """A run folder with an earlier run is continued only when trained alike (--fresh moves
     it aside instead): checked for every job before anything is written."""
-    from hpcdp import render
+    from hpcdp import render, run_lock
 
+    run_lock.check_free([job.run_dir for job in jobs])  # a live trainer's folder: never touched
     if args.fresh:
         render.move_aside(jobs)
     else:
@@ -237,7 +238,7 @@ def _follow(records: list[dict], timeout: float | None) -> int:
 
 
 def cmd_compare(args) -> int:
-    from hpcdp import campaign, render, submit
+    from hpcdp import campaign, render, run_lock, submit
 
     profile, experiment = _load(args)
     plan = campaign.plan(profile, experiment, output_dir=args.out, repeats=args.repeats,
@@ -263,6 +264,7 @@ def cmd_compare(args) -> int:
     with submit.claiming([plan.folder]):
         if not args.render:
             submit.check_run_dirs_free([plan.job])
+        run_lock.check_free([plan.folder])  # a trainer in it or in one of its cells
         if args.fresh:
             campaign.move_aside(plan.folder)
         else:

@@ -13,6 +13,15 @@ class UsageError(Exception):
     exit_code = 2
 
 
+class AlreadySaid(UsageError):
+    """This rank fails for a reason another rank (rank 0) has already put in one line: the job
+    log says it once, not once per rank; the exit code is the one rank 0 exits with."""
+
+    def __init__(self, exit_code: int = 1) -> None:
+        super().__init__("")
+        self.exit_code = exit_code
+
+
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
     """' (did you mean X?)' for the closest choice, or '' when nothing is close."""
     close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)

@@ -29,7 +29,8 @@ def launch_command(strategy: StrategySpec, ranks: int, python: str, train_args: 
     if strategy.local_launcher == "python":
         return train
     if strategy.local_launcher == "torchrun":
-        return [python, "-m", "torch.distributed.run", "--standalone",
+        # train.torchrun: torchrun ending in one line, not ChildFailedError's traceback
+        return [python, "-m", "train.torchrun", "--standalone",
                 f"--nproc_per_node={ranks}", *program, *train_args]
     horovodrun = shutil.which("horovodrun") or str(Path(python).parent / "horovodrun")
     if not Path(horovodrun).exists():

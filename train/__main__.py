@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
             _record_exit(args.out, code)
         return code
     except UsageError as exc:
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        if str(exc):  # AlreadySaid: another rank said it
+            print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
 
 

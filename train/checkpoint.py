@@ -167,19 +167,20 @@ def sharded_temp(out_dir: Path, step: int, token: int) -> Path:
 def save_sharded(out_dir: Path, step: int, shards: dict[str, Any], extra: dict[str, Any],
                  token: int, is_main: bool, keep: int = 2) -> Path | None:
     """Every rank calls this (DCP's save is collective); rank 0 then writes `extra`, records the
-    folder's digest, renames it into place and prunes. Returns the path on rank 0."""
+    folder's digest, renames it into place and prunes. Returns the path on rank 0. A failed
+    save (DCP tells every rank when any rank's write failed) removes the temporary folder on
+    every rank, so the disk it filled is free again before any rank records its exit."""
     import torch.distributed.checkpoint as dcp
 
     path = path_for(out_dir, step, sharded=True)
     tmp = sharded_temp(out_dir, step, token)
-    needed = _payload_bytes(shards)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not is_main:
+    if is_main:
+        _remove_stale_temps(path.parent)
+    with _cleaned_on_failure(tmp, path, _payload_bytes(shards)):  # DTensors: global sizes
         dcp.save(shards, checkpoint_id=str(tmp))
-        return None
-    _remove_stale_temps(path.parent)
-    with _cleaned_on_failure(tmp, path, needed):
-        dcp.save(shards, checkpoint_id=str(tmp))
+        if not is_main:
+            return None
         torch.save(extra, tmp / EXTRA_FILE)
         for file in _files(tmp):
             with open(file, "rb") as f:
@@ -187,17 +188,34 @@ def save_sharded(out_dir: Path, step: int, shards: dict[str, Any], extra: dict[s
     return _commit(tmp, path, out_dir, keep)
 
 
+def _is_dcp_failure(exc: BaseException) -> bool:
+    """DCP's CheckpointException derives from BaseException, not Exception."""
+    return type(exc).__name__ == "CheckpointException" and hasattr(exc, "failures")
+
+
+def _free(path: Path) -> None:
+    """Remove a failed write's temporary file or folder, emptying each file first: a removed
+    file that a process still holds open keeps its blocks (the failed torch.save's file lives
+    on in the exception's traceback), and a full disk must be free again at once."""
+    for file in _files(path) if path.exists() else []:
+        with contextlib.suppress(OSError):
+            os.truncate(file, 0)
+    _remove(path)
+
+
 @contextlib.contextmanager
 def _cleaned_on_failure(tmp: Path, path: Path, needed: int) -> Iterator[None]:
     """A failed write removes its temporary file or folder; a full disk becomes one line."""
     try:
         yield
-    except Exception as exc:
-        _remove(tmp)
+    except BaseException as exc:
+        _free(tmp)
         digest_path(tmp).unlink(missing_ok=True)
+        if not isinstance(exc, Exception) and not _is_dcp_failure(exc):
+            raise  # KeyboardInterrupt, SystemExit: the temporary is gone, the rest as it was
         free = shutil.disk_usage(path.parent).free
         # torch reports a full disk as a RuntimeError ("file write failed", "unexpected pos"),
-        # DCP as a CheckpointException around the rank's OSError.
+        # DCP as a CheckpointException around the failing rank's OSError.
         if (getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc)
                 or free < needed):
             raise CheckpointError(

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from hpcdp import distenv
+from hpcdp import distenv, run_lock
 from hpcdp import strategies as registry
 from hpcdp.config import Experiment, as_dict
-from hpcdp.errors import UsageError
+from hpcdp.errors import AlreadySaid, UsageError
 from hpcdp.tracking import TrackedRun
 from train import checkpoint, faults, malloc, memory
 from train.data import Batches, open_data
@@ -190,12 +190,34 @@ def run(exp: Experiment, strategy_name: str, out_dir: str | Path, resume: bool =
     if fault:
         fault.at_start(env.rank, fired_marker=Path(out_dir) / ".fault-fired")
     strategy.setup(env, exp.train.dist_timeout_s)
-    record_connected(Path(out_dir), env)
     try:
-        return _train(exp, spec, env, strategy, Path(out_dir), resume,
-                      log if strategy.is_main else _quiet)
+        claim = claim_run_dir(strategy, Path(out_dir), env)
+        record_connected(Path(out_dir), env)
+        try:
+            return _train(exp, spec, env, strategy, Path(out_dir), resume,
+                          log if strategy.is_main else _quiet)
+        finally:
+            if claim is not None:
+                claim.close()
     finally:
         strategy.teardown()
+
+
+def claim_run_dir(strategy: Strategy, out_dir: Path, env: distenv.DistEnv):
+    """Rank 0 claims the run folder for this trainer (hpcdp/run_lock.py) before anything in it
+    is read or written, and tells the other ranks: a second trainer in a folder (a job and
+    `hpcdp run`, a script sbatch'ed beside a running one) is refused by every rank, in one
+    line, instead of interleaving its steps with the first's."""
+    claim, refusal = None, None
+    if strategy.is_main:
+        try:
+            claim = run_lock.claim(out_dir, env.job_id)
+        except run_lock.RunFolderBusy as exc:
+            refusal = str(exc)
+    refusal = strategy.broadcast_object(refusal, name="run_folder_claim")
+    if refusal is not None:
+        raise UsageError(refusal) if strategy.is_main else AlreadySaid(UsageError.exit_code)
+    return claim
 
 
 def record_connected(out_dir: Path, env: distenv.DistEnv) -> None:
@@ -302,18 +324,29 @@ class Training:
                  "data": self.batches.state_dict(), "rng": checkpoint.rng_state(),
                  "config": as_dict(self.exp), "strategy": self.spec.name,
                  "world_size": strategy.world_size, "sample_layout": self.sample_layout()}
-        if strategy.checkpoint_format == "sharded":
-            from torch.distributed.checkpoint.state_dict import get_state_dict
+        failed = None
+        try:
+            if strategy.checkpoint_format == "sharded":
+                from torch.distributed.checkpoint.state_dict import get_state_dict
 
-            model_state, optimizer_state = get_state_dict(self.raw_model, self.optimizer)
-            token = strategy.broadcast_object(os.getpid(), name="checkpoint_token")
-            path = checkpoint.save_sharded(
-                self.out_dir, step, {"model": model_state, "optimizer": optimizer_state}, state,
-                token, strategy.is_main, keep=keep)
-        elif strategy.is_main:
-            path = checkpoint.save(self.out_dir, step, {
-                "model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                **state}, keep=keep)
+                model_state, optimizer_state = get_state_dict(self.raw_model, self.optimizer)
+                token = strategy.broadcast_object(os.getpid(), name="checkpoint_token")
+                path = checkpoint.save_sharded(
+                    self.out_dir, step, {"model": model_state, "optimizer": optimizer_state},
+                    state, token, strategy.is_main, keep=keep)
+            elif strategy.is_main:
+                path = checkpoint.save(self.out_dir, step, {
+                    "model": self.raw_model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(), **state}, keep=keep)
+        except checkpoint.CheckpointError as exc:
+            failed = exc
+        # Rank 0 tells the others whether the checkpoint exists: after a failed save (a full
+        # disk) every rank ends with rank 0's one line, none of them in its next collective.
+        said = strategy.broadcast_object(failed and str(failed), name="checkpoint_failed")
+        if said:
+            raise failed if strategy.is_main else AlreadySaid(checkpoint.CheckpointError.exit_code)
+        if failed:  # only this rank failed (rank 0 did not): say so here
+            raise failed
         if strategy.is_main:
             metrics.write("checkpoint", step=step, path=str(path))
 

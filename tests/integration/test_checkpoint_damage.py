@@ -85,8 +85,8 @@ def test_a_sharded_checkpoint_with_one_damaged_shard_falls_back_to_the_intact_on
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A real 8 MB tmpfs (root only): room for one checkpoint of the smoke model (5.4 MB),
-    not for the next one beside it."""
+    """A real 8 MB tmpfs (root only): room for one checkpoint of the smoke model (5.4 MB,
+    a file or a 2-rank DCP folder), not for the next one beside it."""
     mount = tmp_path / "disk"
     mount.mkdir()
     made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
@@ -114,3 +114,38 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_the_resume_continues(sm
     done = train(out, 12, resume=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resumed from" in done.stdout
+
+
+def hpcdp_run(strategy: str, out: Path, steps: int) -> subprocess.CompletedProcess:
+    """The issue's way in: `hpcdp run` on 2 local ranks (torchrun under it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
+    env.update(OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "hpcdp", "run", "-s", strategy, "--ranks", "2", "--out", str(out),
+         "--set", f"train.steps={steps}", *[a for s in SETS for a in ("--set", s)]],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("strategy,suffix", [("fsdp", ".dcp"), ("distributed-ps", ".pt")])
+def test_a_full_disk_during_a_2_rank_save_is_one_line_on_every_rank(small_disk, strategy,
+                                                                       suffix):
+    """Issue 36 item 1: a sharded (DCP) save that fills the disk ended in 7 tracebacks with its
+    temporary folder left behind (DCP's CheckpointException is a BaseException, and ranks other
+    than 0 saved outside the clean-up); a one-file save's line was followed by rank 1's gloo
+    traceback. Now: rank 0's one line, the other rank quiet, torchrun's one line, no temporary
+    left, every rank's exit recorded, and a resume that continues once there is room."""
+    done = hpcdp_run(strategy, small_disk, 12)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said[-3000:]
+    errors = [line for line in said.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no space left on device writing checkpoint" in errors[0], said
+    assert f"step-0000008{suffix}" in errors[0] and "MB free" in errors[0]
+    assert "Traceback" not in said and "could not record the exit code" not in said, said
+    assert "torchrun: rank" in said and "ChildFailedError" not in said
+    run_dir = small_disk / "smoke" / f"{strategy}-1n"
+    assert checkpoints(run_dir) == [f"step-0000004{suffix}", f"step-0000004{suffix}.sha256"]
+    assert sorted(p.name for p in (run_dir / "ranks").glob("exit-*")) == ["exit-0", "exit-1"]
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    done = hpcdp_run(strategy, small_disk, 12)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "at step 4" in done.stdout and "Traceback" not in done.stderr
