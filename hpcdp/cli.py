@@ -149,6 +149,14 @@ def _check_horovod(jobs, profile: config.ClusterProfile, controller: str | None 
     preflight.check_horovod(controller or profile.horovod_controller)
 
 
+def _warn_memory(jobs, profile: config.ClusterProfile, experiment: config.Experiment) -> None:
+    """Say before queuing which cells cannot fit their GPUs' memory (hpcdp/forecast.py)."""
+    from hpcdp import forecast
+
+    for line in forecast.memory_warnings(jobs, profile, experiment):
+        print(line, file=sys.stderr)
+
+
 def _check_partition_fits(jobs, profile: config.ClusterProfile) -> None:
     """Refuse node counts the partition can never give (Slurm would leave the job PENDING
     with PartitionNodeLimit forever), where `scontrol show partition` can tell."""
@@ -174,6 +182,7 @@ def cmd_submit(args) -> int:
     # Several cells: their data is tokenized once, by a job they wait for, not by each cell.
     prepare = (render.render_prepare_job(profile, experiment, output_dir=args.out)
                if len(jobs) > 1 and experiment.data.corpus != "synthetic" else None)
+    _warn_memory(jobs, profile, experiment)
     if args.dry_run:
         for job in ([prepare] if prepare else []) + jobs:
             after = " --dependency=afterok:<prepare job>" if prepare and job is not prepare else ""
@@ -250,6 +259,7 @@ def cmd_compare(args) -> int:
 
     for line in estimate.lines(plan, profile, experiment):  # will its time limit cover it?
         print(line, file=sys.stderr)
+    _warn_memory([c.job for c in plan.cells], profile, experiment)
     if args.dry_run:
         print(f"# would submit: sbatch {plan.job.script_path}  ({len(plan.cells)} cells; "
               "nothing written, nothing submitted)")
@@ -539,6 +549,40 @@ def cmd_harvest(args) -> int:
     return harvest.main(args)
 
 
+def cmd_forecast(args) -> int:
+    from hpcdp import forecast
+
+    if args.format not in ("table", "markdown", "json"):
+        raise UsageError(f"--format {args.format!r}: give table, markdown or json")
+    nodes = forecast.parse_nodes(args.nodes) if args.nodes else None
+    fit_nodes = forecast.parse_nodes(args.fit_nodes) if args.fit_nodes else None
+    tokens = None
+    if args.tokens is not None:
+        from hpcdp.errors import positive_number
+
+        tokens = positive_number(args.tokens.replace("_", ""), f"--tokens {args.tokens!r} is "
+                                 "not a positive number of tokens; e.g. 2.5e9")
+    target = config.load_profile(args.cluster) if args.cluster else None
+    _fallback_slurm_env()
+    result = forecast.make(args.run_dir, nodes=nodes, fit_nodes=fit_nodes, target=target,
+                           tokens=tokens, query_slurm=not args.no_slurm)
+    if args.format == "json":
+        print(json.dumps(forecast.as_json(result), indent=2))
+    else:
+        sys.stdout.write(forecast.render_text(result, markdown=args.format == "markdown"))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "forecast.json").write_text(json.dumps(forecast.as_json(result), indent=2) + "\n")
+        (out / "forecast.md").write_text(forecast.render_text(result, markdown=True))
+        written = [out / "forecast.json", out / "forecast.md"]
+        if not args.no_plots:
+            written.append(forecast.plot(result, out / "forecast.png"))
+        for path in written:
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 # ------------------------------------------------------------------------------------ parser
 
 def _add_follow_options(p: argparse.ArgumentParser, dry_run: str, follow: str,
@@ -641,6 +685,24 @@ def build_parser() -> argparse.ArgumentParser:
     from hpcdp import harvest  # light: matplotlib is imported only when plotting
     harvest.add_arguments(p)
     p.set_defaults(func=cmd_harvest)
+
+    p = sub.add_parser("forecast", help="from a campaign: throughput, memory, time and cost of "
+                                        "each strategy at the node counts you will train on")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a campaign's folder (hpcdp compare)")
+    p.add_argument("--nodes", help="node counts to forecast: 1,2,4 or 1-128 (powers of two; "
+                                   "default 1-128 and the campaign's own)")
+    p.add_argument("--fit-nodes", help="fit only on the cells of these node counts (the others "
+                                       "then check the forecast)")
+    p.add_argument("--cluster", metavar="TARGET", help="a cluster profile with a network: "
+                   "section: forecast for that cluster instead of the campaign's")
+    p.add_argument("--tokens", help="tokens to train (default: 20 per parameter)")
+    p.add_argument("--format", "-f", default="table", help="table (default), markdown or json")
+    p.add_argument("--out", "-o", metavar="DIR",
+                   help="also write forecast.json, forecast.md and forecast.png here")
+    p.add_argument("--no-slurm", action="store_true",
+                   help="do not ask Slurm for billing weights and the campaign's billed TRES")
+    p.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG")
+    p.set_defaults(func=cmd_forecast)
     return parser
 
 

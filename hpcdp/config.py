@@ -28,6 +28,40 @@ from hpcdp.errors import UsageError, did_you_mean, one_line
 
 
 @dataclass(frozen=True, kw_only=True)
+class NetworkConfig:
+    """The cluster's network as `hpcdp forecast` needs it for a cluster hpcdp has not run on
+    (docs/forecast.md): bus bandwidths as nccl-tests reports them (busbw, GB/s, 1e9 bytes/s),
+    latencies per ring step as NCCL's tuning model counts them. Unset (0): not known."""
+
+    inter_node_busbw_gbps: float = 0.0
+    """Bus bandwidth between nodes per GPU, GB/s (an nccl-tests all_reduce_perf busbw at a large
+    size on 2+ nodes; 400 Gb/s InfiniBand per GPU reaches about 40-48)."""
+    intra_node_busbw_gbps: float = 0.0
+    """Bus bandwidth within a node, GB/s (all_reduce_perf on one node: NVLink H100 ~ 360-480)."""
+    inter_node_latency_us: float = 0.0
+    """Latency of one ring step between nodes, microseconds (NCCL's tuning: ~5-15 for IB)."""
+    intra_node_latency_us: float = 0.0
+    """Latency of one ring step within a node, microseconds (NVLink: ~1-3)."""
+    gpus_per_node: int = 0
+    """GPUs per node the figures were taken with; 0: the profile's gpus_per_node."""
+
+    def __post_init__(self) -> None:
+        for name in ("inter_node_busbw_gbps", "intra_node_busbw_gbps", "inter_node_latency_us",
+                     "intra_node_latency_us"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
+                raise UsageError(f"cluster.network.{name} {value!r} must be a number of 0 or "
+                                 "more (0: not known)")
+        if self.gpus_per_node < 0:
+            raise UsageError(f"cluster.network.gpus_per_node {self.gpus_per_node} must be 0 or "
+                             "more")
+
+    @property
+    def known(self) -> bool:
+        return self.inter_node_busbw_gbps > 0 and self.intra_node_busbw_gbps > 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class ContainerConfig:
     """The image every rank, probe and data preparation runs in (docs/containers.md)."""
 
@@ -195,6 +229,8 @@ class ClusterProfile:
     """Where runs are written: OUTPUT_DIR/EXPERIMENT/STRATEGY-Nn/. Relative to the cwd."""
     container: ContainerConfig = field(default_factory=ContainerConfig)
     """The container image the job's steps run in (docs/containers.md); none by default."""
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    """The network's figures for `hpcdp forecast` (docs/forecast.md); unknown by default."""
 
     def __post_init__(self) -> None:
         _check(self.name, "cluster.name", _NAME_RE, "letters, digits, '.', '_' and '-'")

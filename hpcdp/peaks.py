@@ -39,3 +39,19 @@ def peak_flops_override(text: str) -> float:
     """HPCDP_PEAK_FLOPS as a positive finite number, else one line saying what is wanted."""
     return positive_number(text, f"{OVERRIDE}={one_line(text)!r} is not valid: give the peak "
                                  "FLOP/s of one device as a positive number, e.g. 3.12e14")
+
+
+# Device memory (GB, 1e9 bytes, as nvidia-smi's GiB figures rounded the vendors' way): the
+# smaller part where a name covers two (A100 40/80 GB, V100 16/32 GB) unless the name says 80 or
+# 32. hpcdp forecast and the submit-time check compare a rank's forecast memory with it.
+DEVICE_MEMORY_GB: dict[str, tuple[float, float]] = {
+    "H200": (141.0, 141.0), "H100": (80.0, 80.0), "A100": (40.0, 80.0), "V100": (16.0, 32.0)}
+
+
+def device_memory_gb(device_name: str) -> float | None:
+    """Memory of one device of the table's GPUs, or None when unknown."""
+    key = known_gpu(device_name or "")
+    if key is None:
+        return None
+    small, large = DEVICE_MEMORY_GB[key]
+    return large if str(int(large)) in device_name else small

@@ -334,3 +334,60 @@ def partition_node_limit(partition: str | None, env: Mapping[str, str] | None = 
             return name, max_nodes, f"MaxNodes={max_nodes}"
         return name, total, f"{total} nodes in all"
     return None
+
+
+def partition_billing(partition: str | None, env: Mapping[str, str] | None = None
+                      ) -> dict | None:
+    """The partition's TRESBillingWeights and what one whole node of it holds, from `scontrol
+    show partition` (and `show node` for its memory): {"partition", "weights": {TRES: weight},
+    "cpus_per_node", "mem_gb_per_node"}. None when Slurm cannot tell or sets no weights (then
+    Slurm bills CPUs, 1 each: said by the caller)."""
+    rc, out, _ = _run(["scontrol", "show", "partition", "--oneliner",
+                       *([partition] if partition else [])], env)
+    if rc != 0:
+        return None
+    for line in out.splitlines():
+        fields = dict(item.partition("=")[::2] for item in line.split())
+        if partition is None and fields.get("Default") != "YES":
+            continue
+        text = fields.get("TRESBillingWeights", "")
+        weights = {}
+        for item in filter(None, text.split(",")):
+            key, _, value = item.partition("=")
+            key = key.lower()
+            # Mem's weight is per MB unless suffixed (Mem=0.25G: per GB): kept per GB here.
+            per_gb = {"k": 1e6, "m": 1e3, "g": 1.0, "t": 1e-3}
+            scale = per_gb["m"] if key == "mem" else 1.0
+            if key == "mem" and value[-1:].lower() in per_gb:
+                scale, value = per_gb[value[-1].lower()], value[:-1]
+            try:
+                weights[key] = float(value) * scale
+            except ValueError:
+                continue
+        nodes = _int(fields.get("TotalNodes", "")) or 0
+        cpus = _int(fields.get("TotalCPUs", "")) or 0
+        mem_gb = None
+        node_list = fields.get("Nodes")
+        if node_list:
+            rc, shown, _ = _run(["scontrol", "show", "node", "--oneliner", node_list], env)
+            mems = [_int(dict(i.partition("=")[::2] for i in n.split()).get("RealMemory", ""))
+                    for n in shown.splitlines()] if rc == 0 else []
+            mems = [m for m in mems if m]
+            mem_gb = min(mems) / 1000 if mems else None  # MB
+        return {"partition": fields.get("PartitionName", partition or "?"), "weights": weights,
+                "cpus_per_node": cpus / nodes if nodes else None, "mem_gb_per_node": mem_gb}
+    return None
+
+
+def job_billing(job_id: str, env: Mapping[str, str] | None = None) -> dict | None:
+    """A job's billed TRES and energy as sacct records them: {"billing": units per hour of the
+    allocation (AllocTRES billing=N), "elapsed_s", "energy_j" (None: not recorded)}."""
+    rc, out, _ = _run(["sacct", "-j", str(job_id), "-X", "-n", "-P",
+                       "-o", "AllocTRES,ElapsedRaw,ConsumedEnergyRaw"], env)
+    if rc != 0 or not out.strip():
+        return None
+    tres, elapsed, energy = (out.strip().splitlines()[0].split("|") + ["", "", ""])[:3]
+    billing = dict(i.partition("=")[::2] for i in tres.split(",") if "=" in i).get("billing")
+    energy_j = _int(energy)
+    return {"billing": float(billing) if billing else None, "elapsed_s": _int(elapsed),
+            "energy_j": energy_j or None}

@@ -63,6 +63,12 @@ class StrategySpec:
     """The unsharded strategy whose replicated state this one shards (fsdp: distributed-ps):
     harvest's verdict states its memory per rank and throughput against that one's."""
     grad_comm: tuple[str, ...] = ()
+    sharding: Literal["replicated", "optimizer", "full", "in-node"] = "replicated"
+    """What each rank holds of the model state, and so what it sends per step (hpcdp/forecast.py):
+    replicated (every rank the whole state; gradients all-reduced), optimizer (ZeRO-1: the
+    optimizer state sharded, updated parameters gathered after the step), full (FSDP: all of it
+    sharded, parameters gathered for forward and backward, gradients reduce-scattered), in-node
+    (HSDP: sharded over a node's ranks, the shard's gradients all-reduced across nodes)."""
     """Precisions it can send gradients in (train.grad_comm); empty: gradients never travel
     between processes (one process, or DataParallel inside it), so the setting does not apply."""
 
@@ -199,6 +205,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         mixed_precision=False,
         max_nodes=None,
         local_launcher="torchrun",
+        sharding="full",
         transport="torch",
         in_paper=False,
         grad_comm=("fp32", "bf16", "fp16"),
@@ -213,6 +220,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         mixed_precision=True,
         max_nodes=None,
         local_launcher="torchrun",
+        sharding="full",
         transport="torch",
         in_paper=False,
         grad_comm=("fp32", "bf16", "fp16"),
@@ -227,6 +235,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         mixed_precision=False,
         max_nodes=None,
         local_launcher="torchrun",
+        sharding="in-node",
         transport="torch",
         in_paper=False,
         min_tasks_per_node=2,
@@ -242,6 +251,7 @@ STRATEGIES: tuple[StrategySpec, ...] = (
         mixed_precision=False,
         max_nodes=None,
         local_launcher="torchrun",
+        sharding="optimizer",
         transport="torch",
         in_paper=False,
         grad_comm=("fp32", "bf16", "fp16"),

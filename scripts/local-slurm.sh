@@ -272,10 +272,12 @@ EOF
     done
     # Preemption, as a site configures it: a job in "high" (a higher PriorityTier) preempts
     # jobs in "low", which are requeued (PreemptMode=REQUEUE) after a grace time in which they
-    # get SIGTERM and checkpoint. "debug", the default, is never preempted.
+    # get SIGTERM and checkpoint. "debug", the default, is never preempted. It bills 2 units
+    # per CPU (TRESBillingWeights, as sites weigh their partitions): hpcdp forecast's billing
+    # is tested against what sacct bills its jobs.
     all_nodes="$(IFS=,; echo "${NODES[*]}")"
     {
-        echo "PartitionName=debug Nodes=$all_nodes Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF"
+        echo "PartitionName=debug Nodes=$all_nodes Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF TRESBillingWeights=CPU=2.0"
         echo "PartitionName=low Nodes=$all_nodes MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=$PREEMPT_GRACE_S"
         echo "PartitionName=high Nodes=$all_nodes MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
         # GPU profiles' scripts run here: no CPU-only job lands on these nodes by default.

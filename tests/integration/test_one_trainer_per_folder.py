@@ -67,8 +67,15 @@ def local_trainer(tmp_path):
         wait_for_step(run_dir, 2, timeout_s=180)
         yield run_dir
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        # torchrun starts its ranks in sessions of their own: killing hpcdp run's group would
+        # orphan them. SIGTERM lets torchrun stop them; then anything left that trains here.
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        subprocess.run(["pkill", "-9", "-f", f"--out {run_dir} "], check=False)
 
 
 def test_a_trainer_started_by_hpcdp_run_keeps_its_folder(local_trainer, tmp_path):
