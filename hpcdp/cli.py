@@ -583,6 +583,28 @@ def cmd_forecast(args) -> int:
     return 0
 
 
+def cmd_model(args) -> int:
+    """export, sample, eval: torch and transformers work, done by `python -m train` (hpcdp names
+    train/ only as a command: train/export.py), in this process's place."""
+    from hpcdp import PROJECT_ROOT
+
+    argv = [sys.executable, "-m", "train", args.command, *args.rest]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
+    sys.stdout.flush()
+    os.execve(sys.executable, argv, env)
+
+
+MODEL_COMMANDS = {
+    "export": "a run's checkpoint (any strategy, any world size) as a transformers folder: "
+              "RUN_DIR --to DIR [--step N] [--dtype fp32|bf16|fp16] [--force]",
+    "sample": "continue a prompt with an exported model: DIR --prompt TEXT "
+              "[--max-new-tokens N] [--greedy]",
+    "eval": "perplexity on the run's held-out tokens, by transformers: RUN_DIR|DIR [--step N] "
+            "[--json]",
+}
+
+
 # ------------------------------------------------------------------------------------ parser
 
 def _add_follow_options(p: argparse.ArgumentParser, dry_run: str, follow: str,
@@ -703,6 +725,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not ask Slurm for billing weights and the campaign's billed TRES")
     p.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG")
     p.set_defaults(func=cmd_forecast)
+
+    for name, text in MODEL_COMMANDS.items():
+        p = sub.add_parser(name, help=text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=cmd_model)
     return parser
 
 

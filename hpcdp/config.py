@@ -10,6 +10,7 @@ Pure Python: train/ imports this module too.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import types
@@ -316,6 +317,11 @@ class ModelConfig:
     """tiny: 2 layers, width 128 (tests); gpt2-100m: the paper's; gpt2-124m: the standard GPT-2."""
     dropout: float = 0.0
     attention: Literal["sdpa", "eager"] = "sdpa"
+    init_from: str = ""
+    """A transformers GPT-2 folder (one `hpcdp export` wrote, or one downloaded elsewhere) whose
+    weights training starts from instead of random ones; checked against the preset, vocabulary
+    and context when the experiment is loaded. A resume still comes from the run's own
+    checkpoints. Empty: random initial weights."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.dropout < 1.0:  # also refuses nan
@@ -798,7 +804,34 @@ def load_experiment(spec: str, overrides: dict | None = None) -> Experiment:
     path = _resolve(spec, EXPERIMENTS_DIR, "experiment")
     data = _merge(read_yaml(path, "experiment"), overrides or {})
     data.setdefault("name", path.stem)
-    return build(Experiment, data, "")
+    experiment = build(Experiment, data, "")
+    check_init_from(experiment)
+    return experiment
+
+
+def check_init_from(experiment: Experiment) -> None:
+    """model.init_from must be a GPT-2 folder of this experiment's shape: every way in (submit,
+    compare, run, python -m train) loads the experiment here, so a mismatch is one line before
+    anything is queued or started."""
+    folder = experiment.model.init_from
+    if not folder:
+        return
+    where = f"model.init_from {folder!r}"
+    try:
+        found = json.loads((Path(folder).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        raise UsageError(f"{where} holds no readable config.json: give a transformers GPT-2 "
+                         "folder (`hpcdp export RUN_DIR --to DIR` writes one)") from None
+    n_layer, n_embd, n_head, _ = MODEL_PRESETS[experiment.model.preset]
+    fixed = {"bytes": 256, "gpt2": 50257}.get(experiment.data.tokenizer)
+    wanted = {"model_type": "gpt2", "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head,
+              "n_positions": model_context(experiment.model.preset, experiment.train.seq_len),
+              "vocab_size": fixed or experiment.data.vocab_size}
+    differ = [f"{k} {found.get(k)!r} (the experiment's {v!r})" for k, v in wanted.items()
+              if v is not None and found.get(k) != v]
+    if differ:
+        raise UsageError(f"{where} does not match this experiment: {', '.join(differ)}; start "
+                         "from a model of model.preset and data.tokenizer's shape")
 
 
 def split_overrides(pairs: list[str]) -> tuple[dict, dict]:

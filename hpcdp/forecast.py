@@ -42,6 +42,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcdp import PROJECT_ROOT
 from hpcdp import strategies as registry
 from hpcdp.config import MODEL_PRESETS, ClusterProfile, NetworkConfig, model_context
 from hpcdp.errors import UsageError
@@ -890,7 +891,7 @@ def plot(fc: Forecast, path: Path) -> Path:
 
 # ------------------------------------------------------------------------- published figures
 
-PUBLISHED_FILE = Path(__file__).resolve().parent.parent / "experiments" / "forecast-published.yaml"
+PUBLISHED_FILE = PROJECT_ROOT / "experiments" / "forecast-published.yaml"
 
 
 def published_checks(path: Path = PUBLISHED_FILE) -> list[dict]:

