@@ -708,6 +708,12 @@ def build_parser() -> argparse.ArgumentParser:
     harvest.add_arguments(p)
     p.set_defaults(func=cmd_harvest)
 
+    _add_model_commands(sub)
+    return parser
+
+
+def _add_model_commands(sub) -> None:
+    """forecast (from a campaign to scale), and export, sample, eval (the model out)."""
     p = sub.add_parser("forecast", help="from a campaign: throughput, memory, time and cost of "
                                         "each strategy at the node counts you will train on")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a campaign's folder (hpcdp compare)")
@@ -725,12 +731,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not ask Slurm for billing weights and the campaign's billed TRES")
     p.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG")
     p.set_defaults(func=cmd_forecast)
-
     for name, text in MODEL_COMMANDS.items():
         p = sub.add_parser(name, help=text, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=cmd_model)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

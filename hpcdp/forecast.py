@@ -473,6 +473,24 @@ def split_step(step: float, comm: float, exposed: float | None, share: float
     return compute, share * compute
 
 
+def _scale_compute(fit: Fit, gpus: int, out: Prediction) -> tuple[float, float] | None:
+    """(tokens per step at `gpus` ranks, compute's scale): weak scaling keeps compute per rank;
+    strong scaling keeps the global batch, so each rank runs fewer micro-steps. None (and
+    out.why_none) when the batch cannot be split that far."""
+    if fit.scaling != "strong":
+        return fit.tokens_per_step / (fit.nodes * fit.ranks_per_node) * gpus, 1.0
+    accum = fit.global_batch / (fit.micro_batch * gpus)
+    if accum < 1:
+        out.why_none = (f"global batch {fit.global_batch} cannot be split over {gpus} ranks "
+                        f"at micro-batch {fit.micro_batch}")
+        return None
+    if accum != int(accum):
+        out.flags.append("global batch not divisible")
+    if accum < fit.accum:
+        out.flags.append("compute extrapolated to fewer micro-steps")
+    return fit.tokens_per_step, accum / fit.accum
+
+
 def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
             tokens: float, measured: dict, billing_per_node_hour: float | None,
             compute_scale: float = 1.0) -> Prediction:
@@ -492,32 +510,16 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     step_med = statistics.median(fit.step_s)
     comm_fit = comm_s(spec, fit.model, net, fit.nodes, fit.ranks_per_node,
                       fit.reshard_after_forward) if net and spec.transport != "none" else 0.0
-    share = window_share(fit, spec)
-    compute, window = split_step(step_med, comm_fit, fit.exposed_s, share)
-    measured_window = bool(fit.exposed_s and comm_fit > 0)
-    base_compute = compute
-    spread_lo = min(fit.step_s) / step_med
-    spread_hi = max(fit.step_s) / step_med
-    # Strong scaling: the global batch stays, so each rank runs fewer micro-steps.
-    world_fit = fit.nodes * fit.ranks_per_node
-    tokens_per_step = fit.tokens_per_step / world_fit * gpus
-    if fit.scaling == "strong":
-        per_micro = fit.micro_batch * gpus
-        accum = fit.global_batch / per_micro
-        if accum < 1:
-            out.why_none = (f"global batch {fit.global_batch} cannot be split over {gpus} "
-                            f"ranks at micro-batch {fit.micro_batch}")
-            return out
-        if accum != int(accum):
-            out.flags.append("global batch not divisible")
-        compute *= accum / fit.accum
-        tokens_per_step = fit.tokens_per_step
-        if accum < fit.accum:
-            out.flags.append("compute extrapolated to fewer micro-steps")
-    # The window moves with compute (fewer micro-steps, a faster GPU) unless it was measured.
-    compute *= compute_scale
-    if not measured_window:
-        window *= compute / base_compute
+    compute, window = split_step(step_med, comm_fit, fit.exposed_s, window_share(fit, spec))
+    spread_lo, spread_hi = min(fit.step_s) / step_med, max(fit.step_s) / step_med
+    scaled = _scale_compute(fit, gpus, out)
+    if scaled is None:
+        return out
+    tokens_per_step, scale = scaled
+    scale *= compute_scale
+    if not (fit.exposed_s and comm_fit > 0):  # a window not measured moves with compute
+        window *= scale
+    compute *= scale
     comm = comm_s(spec, fit.model, net, nodes, ranks_per_node,
                   fit.reshard_after_forward) if needs_net else 0.0
     spread = net.spread if net else 0.0
@@ -542,16 +544,25 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     out.state_gb = state
     if fit.peak_gb is not None and fit.state_gb is not None:
         out.memory_gb = state + max(0.0, fit.peak_gb - fit.state_gb)
-    if nodes > max([fit.nodes, *measured]):
-        out.flags.append("extrapolated")
-    if net and net.max_nodes and nodes > net.max_nodes and needs_net:
-        out.flags.append(f"network beyond {net.max_nodes} probed node(s)")
-    largest = max(fit.model.grad_bytes, fit.model.param_gather_bytes)
-    if net and net.max_bytes and needs_net and largest > net.max_bytes * 1.01:
-        out.flags.append("message beyond the probed sizes")
+    out.flags += _flags(fit, net if needs_net else None, nodes, measured)
     if nodes in measured:
         out.measured, out.measured_range = measured[nodes]
     return out
+
+
+def _flags(fit: Fit, net: Network | None, nodes: int, measured: dict) -> list[str]:
+    """Where a prediction goes beyond what was measured (`net`: None when none is used)."""
+    flags = []
+    if fit.nodes * fit.ranks_per_node == 1 and net is not None:
+        flags.append("fitted at 1 rank: the strategy's own per-step work not measured")
+    if nodes > max([fit.nodes, *measured]):
+        flags.append("extrapolated")
+    if net and net.max_nodes and nodes > net.max_nodes:
+        flags.append(f"network beyond {net.max_nodes} probed node(s)")
+    largest = max(fit.model.grad_bytes, fit.model.param_gather_bytes)
+    if net and net.max_bytes and largest > net.max_bytes * 1.01:
+        flags.append("message beyond the probed sizes")
+    return flags
 
 
 # ------------------------------------------------------------------------------------ the whole
@@ -623,12 +634,7 @@ def billing_rate(info: dict | None, gpus_per_node: int) -> float | None:
     return rate
 
 
-def make(run_dir: str, *, nodes: list[int] | None = None, fit_nodes: list[int] | None = None,
-         target: ClusterProfile | None = None, tokens: float | None = None,
-         query_slurm: bool = True) -> Forecast:
-    """Every checkable mistake is found before anything is computed, one line each."""
-    from hpcdp import harvest, peaks
-
+def _check_inputs(run_dir: str, target: ClusterProfile | None) -> Path:
     folder = Path(run_dir)
     if not folder.is_dir():
         raise UsageError(f"{run_dir!r} is not a folder; give a campaign's folder, e.g. "
@@ -638,6 +644,16 @@ def make(run_dir: str, *, nodes: list[int] | None = None, fit_nodes: list[int] |
             f"cluster profile {target.name!r} has no network figures: add a network: section "
             "(inter_node_busbw_gbps, intra_node_busbw_gbps, latencies; docs/forecast.md), or "
             "leave --cluster out to forecast this campaign's own cluster from its probes")
+    return folder
+
+
+def make(run_dir: str, *, nodes: list[int] | None = None, fit_nodes: list[int] | None = None,
+         target: ClusterProfile | None = None, tokens: float | None = None,
+         query_slurm: bool = True) -> Forecast:
+    """Every checkable mistake is found before anything is computed, one line each."""
+    from hpcdp import harvest, peaks
+
+    folder = _check_inputs(run_dir, target)
     result = harvest.collect([folder], query_slurm=False)
     cells = [c for c in result.cells if c.runs]
     if not cells:
@@ -655,55 +671,15 @@ def make(run_dir: str, *, nodes: list[int] | None = None, fit_nodes: list[int] |
         notes.append(f"the campaign ran on {measured_nodes[0]} node(s) only: the forecast's "
                      "error cannot be checked against another node count here (campaign on "
                      "1,2 nodes and --fit-nodes 1 to measure it)")
-    networks: dict[str, Network] = {}
-    if target is not None:
-        shared = network_from_profile(target.network, target.name)
-        networks = {f.communication: shared for f in fits}
-    else:
-        for fit in fits:
-            if fit.communication not in networks and fit.communication != "none":
-                net = fit_network(result.baseline, fit.communication)
-                if net is not None:
-                    networks[fit.communication] = net
-        needing = sorted({f.communication for f in fits if f.communication != "none"
-                          and f.communication not in networks})
-        if needing:
-            notes.append(f"no network probe over {', '.join(needing)} (compare.network_baseline "
-                         "false?): those strategies are left out beyond their measured cells; "
-                         "give --cluster a profile with a network: section to forecast them")
-        for net in networks.values():
-            notes += list(net.notes)
-    # The target's ranks per node and device; compute rescaled only where both peaks are known.
+    networks = _networks(fits, result.baseline, target, notes)
     ranks_per_node = None
     gpu_memory = None
     compute_scale: dict[tuple, float] = {}
     if target is not None:
         ranks_per_node = target.network.gpus_per_node or target.gpus_per_node or None
         gpu_memory = peaks.device_memory_gb(target.gpu_type or "")
-        for fit in fits:
-            header = _header(Path(next(iter(c.runs for c in cells if c.strategy == fit.strategy
-                                           ))[0].run_dir))
-            mine = header.get("peak_flops_per_device")
-            theirs = peaks.peak_flops(target.gpu_type or "", fit.precision) \
-                if target.gpu_type else None
-            if mine and theirs:
-                compute_scale[(fit.strategy, fit.precision)] = mine / theirs
-        if fits and not compute_scale:
-            notes.append("compute is as measured on the campaign's devices: not rescaled to "
-                         f"{target.gpu_type or 'the target'} (a peak FLOP/s is unknown for one "
-                         "of them)")
-        elif compute_scale:
-            notes.append(f"compute rescaled to {target.gpu_type} by the ratio of peak FLOP/s "
-                         "(hpcdp/peaks.py): an assumption, not a measurement")
-    billing_info = None
-    if query_slurm and target is not None:
-        from hpcdp import slurm
-
-        billing_info = slurm.partition_billing(target.partition)
-        if billing_info is not None:
-            billing_info["gpus_per_node"] = target.gpus_per_node
-    elif query_slurm:
-        billing_info = _campaign_billing(folder)
+        compute_scale = _rescale_to(target, fits, cells, notes)
+    billing_info = _billing(folder, target) if query_slurm else None
     node_counts = nodes or sorted(set(DEFAULT_NODES) | set(measured_nodes))
     n_params = max(f.model.n_params for f in fits)
     total_tokens = tokens if tokens else TOKENS_PER_PARAM * n_params
@@ -725,6 +701,64 @@ def make(run_dir: str, *, nodes: list[int] | None = None, fit_nodes: list[int] |
                     predictions=predictions, notes=notes,
                     target=target.name if target else None, gpu_memory_gb=gpu_memory,
                     billing=billing_info)
+
+
+def _networks(fits: list[Fit], probes: list[dict], target: ClusterProfile | None,
+              notes: list[str]) -> dict[str, Network]:
+    """Per transport: the target profile's figures, else the fit to the campaign's probes."""
+    if target is not None:
+        shared = network_from_profile(target.network, target.name)
+        return {f.communication: shared for f in fits}
+    networks: dict[str, Network] = {}
+    for fit in fits:
+        if fit.communication not in networks and fit.communication != "none":
+            net = fit_network(probes, fit.communication)
+            if net is not None:
+                networks[fit.communication] = net
+    needing = sorted({f.communication for f in fits if f.communication != "none"
+                      and f.communication not in networks})
+    if needing:
+        notes.append(f"no network probe over {', '.join(needing)} (compare.network_baseline "
+                     "false?): those strategies are left out beyond their measured cells; "
+                     "give --cluster a profile with a network: section to forecast them")
+    for net in networks.values():
+        notes += list(net.notes)
+    return networks
+
+
+def _rescale_to(target: ClusterProfile, fits: list[Fit], cells, notes: list[str]
+                ) -> dict[tuple, float]:
+    """Compute's scale on the target's GPU: the ratio of peak FLOP/s, only where both the
+    campaign's device and the target's are known (the table says which it did)."""
+    from hpcdp import peaks
+
+    scale = {}
+    for fit in fits:
+        run = next(c.runs[0] for c in cells if c.strategy == fit.strategy and c.runs)
+        mine = _header(Path(run.run_dir)).get("peak_flops_per_device")
+        theirs = peaks.peak_flops(target.gpu_type, fit.precision) if target.gpu_type else None
+        if mine and theirs:
+            scale[(fit.strategy, fit.precision)] = mine / theirs
+    if fits and not scale:
+        notes.append("compute is as measured on the campaign's devices: not rescaled to "
+                     f"{target.gpu_type or 'the target'} (a peak FLOP/s is unknown for one of "
+                     "them)")
+    elif scale:
+        notes.append(f"compute rescaled to {target.gpu_type} by the ratio of peak FLOP/s "
+                     "(hpcdp/peaks.py): an assumption, not a measurement")
+    return scale
+
+
+def _billing(folder: Path, target: ClusterProfile | None) -> dict | None:
+    """The target's partition's billing, or the campaign's own with what sacct billed it."""
+    if target is None:
+        return _campaign_billing(folder)
+    from hpcdp import slurm
+
+    info = slurm.partition_billing(target.partition)
+    if info is not None:
+        info["gpus_per_node"] = target.gpus_per_node
+    return info
 
 
 def _campaign_billing(folder: Path) -> dict | None:

@@ -134,7 +134,7 @@ def _run_figures(run_dir: Path, step: int) -> dict[str, Any]:
                 rates.append(r["tokens_per_s"])
         elif r.get("kind") == "eval" and r.get("step") == step:
             figures["val_loss"] = r.get("val_loss")
-        elif r.get("kind") == "header":
+        elif r.get("kind") == "header" and (r.get("start_step") or 0) < step:  # its segment
             figures.update(world_size=r.get("world_size"), nodes=r.get("nodes"),
                            micro_batch_size=r.get("micro_batch_size"),
                            devices_per_process=r.get("devices_per_process") or 1,

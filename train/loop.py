@@ -411,7 +411,12 @@ def load_pretrained(model: torch.nn.Module, folder: str, log: Callable[[str], No
     if not files:
         raise UsageError(f"model.init_from {folder!r} holds no .safetensors weights")
     state = {k: v for f in files for k, v in load_file(str(f)).items()}
-    state = {k.removeprefix("module."): v.float() for k, v in state.items()}
+    if "wte.weight" in state:  # the Hub's original gpt2 files: GPT2Model's names
+        state = {k if k.startswith("lm_head.") else f"transformer.{k}": v
+                 for k, v in state.items()}
+    # Old files also hold the causal mask as a buffer (attn.bias, attn.masked_bias): not weights.
+    state = {k: v.float() for k, v in state.items()
+             if not k.endswith((".attn.bias", ".attn.masked_bias"))}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to the token embedding
     if missing or unexpected:
