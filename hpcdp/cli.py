@@ -738,6 +738,9 @@ def _add_model_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in MODEL_COMMANDS:  # every option theirs, --help included
+        return cmd_model(argparse.Namespace(command=argv[0], rest=argv[1:]))
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)

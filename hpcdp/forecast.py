@@ -400,7 +400,9 @@ def fits_of(cells, fit_nodes: set[int] | None) -> tuple[list[Fit], list[str]]:
             strategy=cell.strategy, precision=cell.precision or "fp32",
             communication=(cell.communication or "none").split("/")[0], nodes=cell.nodes,
             ranks_per_node=int(header.get("tasks_per_node") or 1),
-            step_s=[r.step_time_s for r in runs],
+            # each run's step as its tokens/s implies: the fit's median gives the median back
+            step_s=[int(header.get("tokens_per_step") or 0) / r.tokens_per_s
+                    if r.tokens_per_s else r.step_time_s for r in runs],
             exposed_s=_median([r.exposed_comm_s for r in runs]),
             forward_s=_median([f for f, _, _ in phases]),
             backward_s=_median([b for _, b, _ in phases]),
@@ -463,9 +465,12 @@ def split_step(step: float, comm: float, exposed: float | None, share: float
     rest, and where some of it was exposed, what was hidden (comm - exposed) is the window.
     Not measured: the compute c for which c + max(0, comm - share x c) is the step."""
     if exposed is not None:
-        compute = max(step - exposed, 1e-9)
+        # Exposed beyond the modelled comm (a CPU's threads competing, a slow collective the
+        # network model does not explain) stays in the step as measured, at every N.
+        explained = min(exposed, comm)
+        compute = max(step - explained, 1e-9)
         if comm > 0 and exposed > 0:
-            return compute, max(0.0, comm - exposed)
+            return compute, comm - explained
         return compute, share * compute
     if comm <= share * step or share >= 1:
         return step, share * step
@@ -507,7 +512,7 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     if needs_net and net is None:
         out.why_none = f"no network figures for {fit.communication}"
         return out
-    step_med = statistics.median(fit.step_s)
+    step_med = 1 / statistics.median(1 / s for s in fit.step_s)  # at the median tokens/s
     comm_fit = comm_s(spec, fit.model, net, fit.nodes, fit.ranks_per_node,
                       fit.reshard_after_forward) if net and spec.transport != "none" else 0.0
     compute, window = split_step(step_med, comm_fit, fit.exposed_s, window_share(fit, spec))

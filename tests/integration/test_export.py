@@ -118,9 +118,16 @@ def test_the_tokenizer_round_trips_through_autotokenizer(kind, tmp_path):
 
     from hpcdp.config import load_experiment
     from train import hf_tokenizer
+    from train.corpora import resolve_corpus
     from train.data import open_data, prepare
 
-    over = {"data": {"tokenizer": kind, "prepared_dir": str(tmp_path / "prepared")}}
+    corpus = tmp_path / "corpus"  # small: BPE trains on it in a moment
+    corpus.mkdir()
+    plays = resolve_corpus("shakespeare").documents()
+    for i in range(3):
+        (corpus / f"doc{i}.txt").write_text(next(plays)[:20_000])
+    over = {"data": {"tokenizer": kind, "corpus": str(corpus),
+                     "prepared_dir": str(tmp_path / "prepared")}}
     if kind == "gpt2":
         tiktoken_file = ROOT / "data" / "gpt2" / "gpt2.tiktoken"
         if not tiktoken_file.exists():

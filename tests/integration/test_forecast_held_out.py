@@ -118,7 +118,7 @@ def test_bad_input_is_one_line(campaign, tmp_path):
     profile = tmp_path / "target.yaml"
     profile.write_text("name: target\ngpus_per_node: 8\ngpu_type: h100\n")
     cases = [
-        (["forecast", str(empty)], "holds no finished run"),
+        (["forecast", str(empty)], "no metrics.jsonl found"),
         (["forecast", str(tmp_path / "missing")], "is not a folder"),
         (["forecast", str(campaign), "--nodes", "0"], "'0' is not a positive whole number"),
         (["forecast", str(campaign), "--nodes", "2,x"], "'x' is not a positive whole number"),
