@@ -28,8 +28,16 @@ from hpcdp.errors import UsageError
 
 LOCK_NAME = ".trainer.lock"
 OWNER_NAME = ".trainer.owner"
-WAIT_S = 5.0
-"""How long a new trainer waits for the lock: a trainer that is exiting lets go within it."""
+WAIT_ENV = "HPCDP_LOCK_WAIT_S"
+"""Seconds a new trainer waits for the lock (default 30, as the job script's own lock): a job
+resubmitted after a hang can start while Slurm is still killing the old job's processes."""
+
+
+def default_wait_s(environ=os.environ) -> float:
+    try:
+        return max(0.0, float(environ.get(WAIT_ENV, "30")))
+    except ValueError:
+        return 30.0
 
 
 class RunFolderBusy(UsageError):
@@ -70,7 +78,7 @@ def _no_locks(exc: OSError) -> bool:
     return exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
-def claim(run_dir: Path, job_id: str | None, wait_s: float = WAIT_S,
+def claim(run_dir: Path, job_id: str | None, wait_s: float | None = None,
           warn=print) -> IO[str] | None:
     """Hold RUN_DIR's trainer lock: the returned handle keeps it until closed or the process
     ends. RunFolderBusy when another trainer holds it; None (after a warning) where the file
@@ -78,7 +86,7 @@ def claim(run_dir: Path, job_id: str | None, wait_s: float = WAIT_S,
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     handle = open(run_dir / LOCK_NAME, "a")  # noqa: SIM115 - held for the run, closed by caller
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + (default_wait_s() if wait_s is None else wait_s)
     try:
         while not _try_lock(handle):
             if time.monotonic() >= deadline:
