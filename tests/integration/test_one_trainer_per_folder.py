@@ -23,18 +23,20 @@ LONG = ["--set", "train.steps=100000", "--set", "train.eval_interval=0",
         "--set", "train.checkpoint_interval=0"]
 
 
-# A refused trainer waits HPCDP_LOCK_WAIT_S (default 30 s) for the holder to let go: 3 here.
-QUICK = {**os.environ, "HPCDP_LOCK_WAIT_S": "3"}
+def quick() -> dict[str, str]:
+    """This environment (SLURM_CONF once the cluster fixture set it), where a refused trainer
+    waits 3 s for the holder to let go instead of HPCDP_LOCK_WAIT_S's default 30."""
+    return {**os.environ, "HPCDP_LOCK_WAIT_S": "3"}
 
 
 def hpcdp(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpcdp", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=180, env=QUICK)
+                          text=True, timeout=180, env=quick())
 
 
 def python_m_train(run_dir: Path) -> subprocess.CompletedProcess:
     """A trainer started by hand, as a rank of a job would be."""
-    env = {k: v for k, v in QUICK.items() if not k.startswith(("SLURM_", "OMPI_"))}
+    env = {k: v for k, v in quick().items() if not k.startswith(("SLURM_", "OMPI_"))}
     return subprocess.run(
         [sys.executable, "-m", "train", "--experiment", str(run_dir / "experiment.yaml"),
          "--strategy", "single-gpu", "--out", str(run_dir), "--resume"],
@@ -79,7 +81,7 @@ def local_trainer(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        subprocess.run(["pkill", "-9", "-f", f"--out {run_dir} "], check=False)
+        subprocess.run(["pkill", "-9", "-f", f"[-]-out {run_dir} "], check=False)
 
 
 def test_a_trainer_started_by_hpcdp_run_keeps_its_folder(local_trainer, tmp_path):
@@ -104,7 +106,7 @@ def test_slurm_ways_in_are_refused_while_hpcdp_run_trains(slurm_cluster, local_t
             holder)
     # By hand: the script `hpcdp run` wrote beside its run; the job's trainer refuses in its log
     by_hand = subprocess.run(["sbatch", "--parsable", str(local_trainer / "job.sbatch")],
-                             capture_output=True, text=True, check=True, env=QUICK)
+                             capture_output=True, text=True, check=True, env=quick())
     job_id = by_hand.stdout.strip().split(";")[0]
     assert wait_all([job_id], timeout_s=240)[job_id].state == "FAILED"
     log = logs(local_trainer)
