@@ -29,6 +29,7 @@ def hpcdp(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProc
 
 
 def train(tmp_path: Path, strategy: str, ranks: int, *extra: str) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     done = hpcdp("run", "-s", strategy, "--ranks", str(ranks), "--out", str(tmp_path / "runs"),
                  *[a for s in [*SETS, *extra] for a in ("--set", s)], cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
