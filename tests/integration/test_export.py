@@ -102,6 +102,12 @@ def test_a_run_started_from_an_export_continues_at_its_loss(tmp_path):
     real = ["data.corpus=shakespeare", f"data.prepared_dir={tmp_path / 'prepared'}"]
     first = train(tmp_path / "a", "distributed-ps", 2, *real)
     assert hpcdp("export", str(first), "--to", str(tmp_path / "hf"), cwd=tmp_path).returncode == 0
+    # transformers' generate on it: the prompt continued, the same text twice when greedy
+    said = [hpcdp("sample", str(tmp_path / "hf"), "--prompt", "ROMEO:", "--max-new-tokens", "24",
+                  "--greedy", cwd=tmp_path) for _ in range(2)]
+    assert said[0].returncode == 0, said[0].stderr[-2000:]
+    assert said[0].stdout.startswith("ROMEO:") and len(said[0].stdout) > len("ROMEO:") + 10
+    assert said[0].stdout == said[1].stdout
     # One step at a negligible learning rate: its evaluation sees the exported weights
     second = train(tmp_path / "b", "distributed-ps", 2, *real,
                    f"model.init_from={tmp_path / 'hf'}", "train.steps=1",
