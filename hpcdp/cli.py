@@ -22,6 +22,7 @@ from hpcdp.errors import (
     one_line,
     positive_float,
     positive_int,
+    positive_number,
 )
 
 DEFAULT_CLUSTER = "local"
@@ -558,8 +559,6 @@ def cmd_forecast(args) -> int:
     fit_nodes = forecast.parse_nodes(args.fit_nodes) if args.fit_nodes else None
     tokens = None
     if args.tokens is not None:
-        from hpcdp.errors import positive_number
-
         tokens = positive_number(args.tokens.replace("_", ""), f"--tokens {args.tokens!r} is "
                                  "not a positive number of tokens; e.g. 2.5e9")
     target = config.load_profile(args.cluster) if args.cluster else None

@@ -317,22 +317,28 @@ def partition_node_limit(partition: str | None, env: Mapping[str, str] | None = 
     """(partition, most nodes one job can get there, why) from `scontrol show partition`: the
     smaller of TotalNodes and MaxNodes. `partition` None means the default partition. None
     when Slurm cannot tell (no scontrol, no such partition, another cluster's rules)."""
-    rc, out, _ = _run(["scontrol", "show", "partition", "--oneliner", *([partition] if partition
-                                                                        else [])], env)
+    fields = _partition_fields(partition, env)
+    total = _int(fields.get("TotalNodes", "")) if fields else None
+    if total is None:
+        return None
+    max_nodes = _int(fields.get("MaxNodes", ""))  # UNLIMITED -> None
+    name = fields.get("PartitionName", partition or "?")
+    if max_nodes is not None and max_nodes < total:
+        return name, max_nodes, f"MaxNodes={max_nodes}"
+    return name, total, f"{total} nodes in all"
+
+
+def _partition_fields(partition: str | None, env: Mapping[str, str] | None) -> dict | None:
+    """`scontrol show partition`'s KEY=VALUE fields of `partition` (None: the default one), or
+    None when Slurm cannot tell (no scontrol, no such partition)."""
+    rc, out, _ = _run(["scontrol", "show", "partition", "--oneliner",
+                       *([partition] if partition else [])], env)
     if rc != 0:
         return None
     for line in out.splitlines():
         fields = dict(item.partition("=")[::2] for item in line.split())
-        if partition is None and fields.get("Default") != "YES":
-            continue
-        total = _int(fields.get("TotalNodes", ""))
-        max_nodes = _int(fields.get("MaxNodes", ""))  # UNLIMITED -> None
-        if total is None:
-            return None
-        name = fields.get("PartitionName", partition or "?")
-        if max_nodes is not None and max_nodes < total:
-            return name, max_nodes, f"MaxNodes={max_nodes}"
-        return name, total, f"{total} nodes in all"
+        if partition is not None or fields.get("Default") == "YES":
+            return fields
     return None
 
 
@@ -340,43 +346,41 @@ def partition_billing(partition: str | None, env: Mapping[str, str] | None = Non
                       ) -> dict | None:
     """The partition's TRESBillingWeights and what one whole node of it holds, from `scontrol
     show partition` (and `show node` for its memory): {"partition", "weights": {TRES: weight},
-    "cpus_per_node", "mem_gb_per_node"}. None when Slurm cannot tell or sets no weights (then
-    Slurm bills CPUs, 1 each: said by the caller)."""
-    rc, out, _ = _run(["scontrol", "show", "partition", "--oneliner",
-                       *([partition] if partition else [])], env)
-    if rc != 0:
+    "cpus_per_node", "mem_gb_per_node"}; "weights" is empty where none are set (Slurm then
+    bills 1 per CPU: said by the caller). None when Slurm cannot tell."""
+    fields = _partition_fields(partition, env)
+    if fields is None:
         return None
-    for line in out.splitlines():
-        fields = dict(item.partition("=")[::2] for item in line.split())
-        if partition is None and fields.get("Default") != "YES":
+    nodes = _int(fields.get("TotalNodes", "")) or 0
+    cpus = _int(fields.get("TotalCPUs", "")) or 0
+    mem_gb = None
+    if fields.get("Nodes"):
+        rc, shown, _ = _run(["scontrol", "show", "node", "--oneliner", fields["Nodes"]], env)
+        mems = [_int(dict(i.partition("=")[::2] for i in n.split()).get("RealMemory", ""))
+                for n in shown.splitlines()] if rc == 0 else []
+        mems = [m for m in mems if m]
+        mem_gb = min(mems) / 1000 if mems else None  # MB
+    return {"partition": fields.get("PartitionName", partition or "?"),
+            "weights": _billing_weights(fields.get("TRESBillingWeights", "")),
+            "cpus_per_node": cpus / nodes if nodes else None, "mem_gb_per_node": mem_gb}
+
+
+def _billing_weights(text: str) -> dict[str, float]:
+    """TRESBillingWeights ("CPU=1.0,Mem=0.25G,GRES/gpu=2.0") as {tres: weight}, Mem's per GB
+    (Slurm's is per MB unless suffixed)."""
+    per_gb = {"k": 1e6, "m": 1e3, "g": 1.0, "t": 1e-3}
+    weights = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        key = key.lower()
+        scale = per_gb["m"] if key == "mem" else 1.0
+        if key == "mem" and value[-1:].lower() in per_gb:
+            scale, value = per_gb[value[-1].lower()], value[:-1]
+        try:
+            weights[key] = float(value) * scale
+        except ValueError:
             continue
-        text = fields.get("TRESBillingWeights", "")
-        weights = {}
-        for item in filter(None, text.split(",")):
-            key, _, value = item.partition("=")
-            key = key.lower()
-            # Mem's weight is per MB unless suffixed (Mem=0.25G: per GB): kept per GB here.
-            per_gb = {"k": 1e6, "m": 1e3, "g": 1.0, "t": 1e-3}
-            scale = per_gb["m"] if key == "mem" else 1.0
-            if key == "mem" and value[-1:].lower() in per_gb:
-                scale, value = per_gb[value[-1].lower()], value[:-1]
-            try:
-                weights[key] = float(value) * scale
-            except ValueError:
-                continue
-        nodes = _int(fields.get("TotalNodes", "")) or 0
-        cpus = _int(fields.get("TotalCPUs", "")) or 0
-        mem_gb = None
-        node_list = fields.get("Nodes")
-        if node_list:
-            rc, shown, _ = _run(["scontrol", "show", "node", "--oneliner", node_list], env)
-            mems = [_int(dict(i.partition("=")[::2] for i in n.split()).get("RealMemory", ""))
-                    for n in shown.splitlines()] if rc == 0 else []
-            mems = [m for m in mems if m]
-            mem_gb = min(mems) / 1000 if mems else None  # MB
-        return {"partition": fields.get("PartitionName", partition or "?"), "weights": weights,
-                "cpus_per_node": cpus / nodes if nodes else None, "mem_gb_per_node": mem_gb}
-    return None
+    return weights
 
 
 def job_billing(job_id: str, env: Mapping[str, str] | None = None) -> dict | None:

@@ -31,11 +31,10 @@ from hpcdp.config import Experiment, build
 from hpcdp.errors import UsageError
 from train import checkpoint
 from train.data import expected_vocab_size
-from train.model import build_model
+from train.model import build_model, load_weights
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RECORD_FILE = "hpcdp.json"
-TIED = "lm_head.weight"  # tied to transformer.wte.weight: saved once, as transformers does
 
 
 def _quiet_transformers() -> None:
@@ -106,12 +105,7 @@ def model_from(meta: dict[str, Any], state: dict[str, torch.Tensor], where: str)
     exp = experiment_of(meta)
     vocab = expected_vocab_size(exp.data.tokenizer, exp.data.vocab_size)
     model = build_model(exp.model.preset, vocab, exp.train.seq_len, 0.0, exp.model.attention)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k != TIED]
-    if missing or unexpected:
-        raise UsageError(f"checkpoint {where} does not hold this GPT-2: missing "
-                         f"{missing[:3] or 'none'}, unexpected {unexpected[:3] or 'none'}")
-    model.tie_weights()
+    load_weights(model, state, f"checkpoint {where}")
     return model.eval(), exp
 
 

@@ -32,7 +32,7 @@ from hpcdp.tracking import TrackedRun
 from train import checkpoint, faults, malloc, memory
 from train.data import Batches, open_data
 from train.metrics import MetricsWriter, peak_flops, step_line
-from train.model import LanguageModel, build_model, count_params, flops_per_token
+from train.model import LanguageModel, build_model, count_params, flops_per_token, load_weights
 from train.phases import NO_TIMER, NoTimer, PhaseTimer
 from train.precision import Precision, make_precision
 from train.stop import StopSignal
@@ -417,12 +417,7 @@ def load_pretrained(model: torch.nn.Module, folder: str, log: Callable[[str], No
     # Old files also hold the causal mask as a buffer (attn.bias, attn.masked_bias): not weights.
     state = {k: v.float() for k, v in state.items()
              if not k.endswith((".attn.bias", ".attn.masked_bias"))}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the token embedding
-    if missing or unexpected:
-        raise UsageError(f"model.init_from {folder!r} is not this GPT-2: missing "
-                         f"{missing[:3] or 'none'}, unexpected {unexpected[:3] or 'none'}")
-    model.tie_weights()
+    load_weights(model, state, f"model.init_from {folder!r}")
     log(f"train: initial weights from {path}")
 
 

@@ -14,6 +14,7 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hpcdp.config import MODEL_PRESETS, model_context
+from hpcdp.errors import UsageError
 
 
 def build_model(
@@ -40,6 +41,17 @@ def build_model(
     )
     config._attn_implementation = attention
     return GPT2LMHeadModel(config)
+
+
+def load_weights(model: GPT2LMHeadModel, state: dict[str, torch.Tensor], where: str) -> None:
+    """Load `state` into `model`, every name checked (the head is tied to the token embedding,
+    so a state without lm_head.weight is whole); one line naming what differs otherwise."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise UsageError(f"{where} does not hold this GPT-2: missing {missing[:3] or 'none'}, "
+                         f"unexpected {unexpected[:3] or 'none'}")
+    model.tie_weights()
 
 
 def count_params(model: nn.Module, *, with_position_embeddings: bool = True) -> int:
