@@ -805,8 +805,26 @@ def load_experiment(spec: str, overrides: dict | None = None) -> Experiment:
     data = _merge(read_yaml(path, "experiment"), overrides or {})
     data.setdefault("name", path.stem)
     experiment = build(Experiment, data, "")
+    check_corpus(experiment.data.corpus)
     check_init_from(experiment)
     return experiment
+
+
+NAMED_CORPORA = ("shakespeare", "fortunes", "synthetic")
+CORPUS_FOLDER_KINDS = ".txt/.md/.jsonl/.parquet"
+CORPUS_FILE_KINDS = "a .txt/.md file, a .json list of strings, a .jsonl or a .parquet file"
+
+
+def check_corpus(spec: str) -> None:
+    """data.corpus names a corpus or an existing path: checked where every way in loads the
+    experiment, so a typo is one line before a job is queued, not a FAILED job after the queue
+    (train/corpora.py reads the files and checks their kinds)."""
+    if spec in NAMED_CORPORA or Path(spec).expanduser().exists():
+        return
+    raise UsageError(
+        f"data.corpus {spec!r} is not a named corpus{did_you_mean(spec, NAMED_CORPORA)} and no "
+        f"such file or folder exists; valid: {', '.join(NAMED_CORPORA)}, {CORPUS_FILE_KINDS}, "
+        f"or a folder of {CORPUS_FOLDER_KINDS} files")
 
 
 def check_init_from(experiment: Experiment) -> None:

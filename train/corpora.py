@@ -19,10 +19,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcdp.errors import UsageError, did_you_mean
+from hpcdp.config import CORPUS_FILE_KINDS as FILE_KINDS
+from hpcdp.config import CORPUS_FOLDER_KINDS as FOLDER_KINDS
+from hpcdp.config import NAMED_CORPORA, check_corpus
+from hpcdp.errors import UsageError
 
 SYNTHETIC = "synthetic"
-NAMED = ("shakespeare", "fortunes", SYNTHETIC)
+assert SYNTHETIC in NAMED_CORPORA
 TEXT_SUFFIXES = (".txt", ".md")
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 
@@ -250,7 +253,7 @@ def _fortunes() -> Corpus:
 
 def corpus_name(spec: str) -> str:
     """The name a corpus gets in prepared-folder names; needs no files (a path is hashed)."""
-    if spec in NAMED:
+    if spec in NAMED_CORPORA:
         return spec
     path = Path(spec).expanduser()
     tag = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
@@ -284,12 +287,6 @@ def resolve_corpus(spec: str, text_field: str = "text") -> Corpus:
         if suffix not in READERS:
             raise UsageError(f"data.corpus file {spec!r} must be one of: {FILE_KINDS}")
         return Corpus(name, str(path.resolve()), (path,), None, _reader(suffix, text_field))
-    raise UsageError(
-        f"data.corpus {spec!r} is not a named corpus{did_you_mean(spec, NAMED)} and no such file "
-        f"or folder exists; valid: {', '.join(NAMED)}, {FILE_KINDS}, or a folder of "
-        f"{FOLDER_KINDS} files"
-    )
-
-
-FOLDER_KINDS = ".txt/.md/.jsonl/.parquet"
-FILE_KINDS = "a .txt/.md file, a .json list of strings, a .jsonl or a .parquet file"
+    check_corpus(spec)  # neither named nor a path: its one line
+    raise UsageError(f"data.corpus {spec!r} is neither a file nor a folder; valid: {FILE_KINDS}, "
+                     f"or a folder of {FOLDER_KINDS} files")

@@ -54,6 +54,11 @@ BAD_INPUTS = [
      ["extra_sbatch", "double quote"]),
     (["render", "--set", "cluster.extra_sbatch=['--comment a b']"],
      ["extra_sbatch", "--name=value"]),
+    # a corpus that is not there: refused before anything is queued or started, not a FAILED job
+    (["submit", "--set", "data.corpus=/no/such/corpus"], ["data.corpus '/no/such/corpus'",
+                                                          "shakespeare", "folder of"]),
+    (["run", "--set", "data.corpus=shakespear"], ["'shakespear'", "did you mean 'shakespeare'"]),
+    (["compare", "--set", "data.corpus=nope.jsonl"], ["data.corpus 'nope.jsonl'"]),
 ]
 
 
@@ -112,6 +117,8 @@ def test_matrix_with_one_bad_cell_writes_nothing(tmp_path):
     (["--experiment", "smoke", "--strategy", "ddp", "--out", "x", "--expect-world", "abc"],
      ["--expect-world", "'abc'"]),
     (["--experiment", "smoke", "--strategy", "zero3", "--out", "x"], ["'zero3'"]),
+    (["--experiment", "smoke", "--strategy", "ddp", "--out", "x", "--set", "data.corpus=/no/x"],
+     ["data.corpus '/no/x'", "no such file or folder"]),
 ])
 def test_train_entrypoint_errors_are_one_line(tmp_path, args, expected):
     result = subprocess.run([sys.executable, "-m", "train", *args], cwd=tmp_path,
