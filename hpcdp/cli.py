@@ -323,10 +323,12 @@ def cmd_run(args) -> int:
         code = local_run.run_locally(job.strategy, profile.devices_per_node(),
                                      job.experiment_file, job.run_dir)
         if code != 0:
-            failed.append(f"{job.strategy.name} (exit {code})")
+            failed.append((job.strategy.name, code))
     if failed:
-        print(f"hpcdp: failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
+        print(f"hpcdp: failed: {', '.join(f'{name} (exit {code})' for name, code in failed)}",
+              file=sys.stderr)
+        # every trainer refused its input (exit 2): so does the command
+        return 2 if all(code == 2 for _, code in failed) else 1
     return 0
 
 
@@ -452,7 +454,7 @@ def _status_frame(records: list[dict], infos, as_json: bool,
     """One frame of `hpcdp status` (what --watch redraws): (its text for stdout, its notes
     for stderr). The count of other checkouts' jobs is in every frame: on a terminal each
     redraw clears the screen. With --json it is a note, so that stdout stays JSON."""
-    from hpcdp import progress
+    from hpcdp import progress, slurm
 
     out, notes = [], []
     if others:
@@ -461,6 +463,8 @@ def _status_frame(records: list[dict], infos, as_json: bool,
     for record in records:
         info = infos.get(record["job_id"])
         done = progress.of_run_dir(Path(record["run_dir"]), record["job_id"])
+        if done and info and info.state in slurm.TERMINAL_STATES:
+            done = dataclasses.replace(done, eta_s=None)  # an ended job has no time left
         lines.append(done.line() if done else None)
         rows.append({**record, "state": info.state if info else "UNKNOWN",
                      "reason": info.reason if info else None,
@@ -749,6 +753,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hpcdp: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `hpcdp status | head`: the reader has what it wanted
+        # Python would flush stdout again at exit and fail on the same pipe: point it nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

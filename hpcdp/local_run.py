@@ -54,4 +54,21 @@ def run_locally(strategy: StrategySpec, ranks: int, experiment_file: Path, run_d
                               str(experiment_file)], env=env)
     if prepare.returncode != 0:
         return prepare.returncode
-    return subprocess.run(launch_command(strategy, tasks, python, args), env=env).returncode
+    return _saying_each_error_once(launch_command(strategy, tasks, python, args), env)
+
+
+def _saying_each_error_once(command: list[str], env: dict) -> int:
+    """Run `command`, its stderr passed through except an `error: ...` line already passed: a
+    bad setting makes every rank say the same one line, and the user needs it once. Returns the
+    exit code."""
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
+                            errors="replace")
+    said = set()
+    for line in proc.stderr:
+        if line.startswith("error:"):
+            if line in said:
+                continue
+            said.add(line)
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    return proc.wait()

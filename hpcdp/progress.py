@@ -105,8 +105,8 @@ def of_metrics(path: Path) -> Progress | None:
                 for a, b in zip(recent, recent[1:])
                 if b["step"] > a["step"] and isinstance(b.get("elapsed_s"), (int, float))
                 and isinstance(a.get("elapsed_s"), (int, float))]
-    eta = (max(0, total - step) * statistics.median(per_step)
-           if per_step and not summary else (0.0 if summary else None))
+    # A summary means the run has ended (finished, stopped or cancelled): no time is left.
+    eta = max(0, total - step) * statistics.median(per_step) if per_step and not summary else None
     return Progress(step, total, last.get("loss"), last.get("tokens_per_s"), eta)
 
 

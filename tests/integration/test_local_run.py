@@ -91,3 +91,16 @@ def test_a_finished_run_folder_is_not_continued_with_other_settings(tmp_path):
     assert "  steps: 5\n" in (old / "experiment.yaml").read_text()
     assert [r["steps"] for r in records(old) if r["kind"] == "summary"] == [5, 5]
     assert [r["steps"] for r in records(run_dir) if r["kind"] == "summary"] == [9]
+
+
+def test_a_setting_every_rank_refuses_is_said_once(tmp_path):
+    """issue 36, item 7: each of the 2 ranks refuses the same bad setting; the user reads its
+    line once, then torchrun's one line, no ChildFailedError traceback, and exit 2."""
+    env = {**os.environ, "HPCDP_PEAK_FLOPS": "fast"}
+    result = subprocess.run(
+        [sys.executable, "-m", "hpcdp", "run", "--strategy", "distributed-ps", "--ranks", "2",
+         "--out", str(tmp_path / "runs"), *FAST],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("error: HPCDP_PEAK_FLOPS='fast' is not valid") == 1, result.stderr
+    assert "2 rank(s) failed" in result.stderr and "Traceback" not in result.stderr

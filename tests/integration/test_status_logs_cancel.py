@@ -64,6 +64,10 @@ def test_status_shows_progress_logs_print_and_cancel_stops_the_job(slurm_cluster
     finally:
         slurm.cancel([job_id])
     assert wait_final(job_id).state == "CANCELLED"
+    # issue 36, item 7: an ended job shows how far it got, with no time left ("ETA 0s" was)
+    row = re.search(rf"^\s*{job_id}\s.*\n(.*)", hpcdp("status", cwd=tmp_path).stdout, re.M)
+    assert "CANCELLED" in row.group(0) and re.search(r"\d+/5000", row.group(1)), row.group(0)
+    assert "ETA" not in row.group(0), row.group(0)
     # --follow returns once the job has ended, with the whole log.
     followed = hpcdp("logs", "--follow", job_id, cwd=tmp_path, timeout=120).stdout
     assert "SIGTERM (preemption or scancel)" in followed

@@ -1,6 +1,7 @@
 """Bad input: exit code 2, one line naming the bad value and the valid choices, no traceback,
 nothing written. Runs the real `hpcdp` entry point in a subprocess."""
 
+import os
 import subprocess
 import sys
 
@@ -148,3 +149,16 @@ def test_an_over_long_output_path_is_one_line_and_writes_nothing(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert "300 bytes" in result.stderr and "255" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [["--help"], ["status"], ["cluster", "status"]])
+def test_a_reader_that_stops_early_is_no_traceback(tmp_path, args):
+    """issue 36, item 7: `hpcdp cluster status | head -12` ended in a BrokenPipeError traceback.
+    The pipe's reading end is closed before hpcdp writes, so every write meets a closed pipe."""
+    env = {**os.environ, "HPCDP_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([sys.executable, "-m", "hpcdp", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0, stderr
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
