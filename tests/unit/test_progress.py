@@ -55,7 +55,7 @@ def test_a_finished_run_has_no_time_left_and_no_file_no_progress(tmp_path):
     records = [header(20), step(10, 1.0), step(20, 2.0), {"kind": "summary", "steps": 20}]
     got = progress.of_metrics(write(tmp_path / "m.jsonl", records))
     assert (got.step, got.eta_s) == (20, None)  # ended: no "ETA 0s"
-    assert got.line() == "20/20"
+    assert got.line() == "20/20 loss 2.000 1,000 tok/s"
     assert progress.of_metrics(tmp_path / "missing.jsonl") is None
     assert progress.of_metrics(write(tmp_path / "empty.jsonl", [])) is None
     started = progress.of_metrics(write(tmp_path / "h.jsonl", [header(50, start=10)]))
