@@ -327,7 +327,7 @@ BACKENDS: dict[str, Callable[[], Tracker]] = {
 def _last_step_written(metrics_path: Path) -> int:
     """The highest step an earlier segment recorded: what the trackers already hold."""
     try:
-        _, records, _ = _replay(metrics_path)
+        _, records, _ = replay(metrics_path)
     except OSError:
         return 0  # a fresh run
     return max((r["step"] for r in records), default=0)
@@ -416,12 +416,7 @@ def _brief(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
-# ---- hpcdp harvest --to -------------------------------------------------------------------
-
-EXPORTABLE = ("tensorboard", "mlflow")
-
-
-def _replay(metrics_path: Path) -> tuple[dict, list[dict], dict | None]:
+def replay(metrics_path: Path) -> tuple[dict, list[dict], dict | None]:
     """The first header, every step and eval (the last record of each step, in step order)
     and the last summary: what a tracker would have received had it run with the job."""
     header, summary, latest = None, None, {}
@@ -439,48 +434,3 @@ def _replay(metrics_path: Path) -> tuple[dict, list[dict], dict | None]:
             elif kind == "summary":
                 summary = record
     return header or {}, [latest[k] for k in sorted(latest)], summary
-
-
-def check_export(tracker: str, dest: Path) -> None:
-    """`harvest --to TRACKER DIR`: refused in one line before anything is read or written."""
-    import importlib.util
-    if tracker not in EXPORTABLE:
-        raise UsageError(f"harvest --to {tracker!r}: valid: {', '.join(EXPORTABLE)} (W&B: train "
-                         "with train.trackers=[wandb] and `wandb sync` its offline runs)")
-    if importlib.util.find_spec(tracker) is None:
-        raise UsageError(f"harvest --to {tracker}: {tracker} is not installed; {INSTALL[tracker]}")
-    if dest.exists() and not dest.is_dir():
-        raise UsageError(f"harvest --to {tracker} {str(dest)!r} is a file; give a folder")
-    if tracker == "mlflow" and dest.is_dir():
-        # An MLflow file store takes every folder in it for an experiment.
-        strangers = sorted(p.name for p in dest.iterdir() if p.name not in (".trash", "models")
-                           and not (p / "meta.yaml").is_file())
-        if strangers:
-            raise UsageError(f"harvest --to mlflow {str(dest)!r} holds more than an MLflow store "
-                             f"({', '.join(strangers[:3])}); give MLflow a folder of its own")
-
-
-def export(paths: list[Path], tracker: str, dest: Path,
-           log: Callable[[str], None]) -> tuple[int, int]:
-    """Replay the metrics.jsonl of the runs at or below `paths` into a tracker under DEST;
-    runs it already holds are skipped. Returns (runs exported, runs found)."""
-    from hpcdp.harvest.read import find_run_dirs
-    check_export(tracker, dest)  # before the search: its errors name the tracker, not the runs
-    run_dirs = find_run_dirs(paths)
-    exported = 0
-    for run_dir in run_dirs:
-        ident = RunIdentity.of(run_dir, export_to=dest)
-        if BACKENDS[tracker].holds(ident):
-            log(f"{run_dir}: already in {tracker} under {dest}; skipped")
-            continue
-        header, records, summary = _replay(run_dir / "metrics.jsonl")
-        tracked = TrackedRun([tracker], run_dir, lambda line: None, already_sent=0, ident=ident)
-        tracked.feed({**header, "kind": "header", "start_step": 0})
-        for record in records:
-            tracked.feed(record)
-        report = tracked.close(summary, str((summary or {}).get("status", "interrupted")))
-        if not report.get(tracker, "").startswith("wrote"):
-            raise UsageError(f"harvest --to {tracker}: {run_dir}: {report[tracker]}")
-        log(f"{run_dir}: {report[tracker]}")
-        exported += 1
-    return exported, len(run_dirs)

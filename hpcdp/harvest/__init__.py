@@ -321,10 +321,10 @@ def main(args: argparse.Namespace) -> int:
     _check_format(fmt)
     target = _target(args.target_loss)
     if args.to:
-        from hpcdp import tracking
+        from hpcdp.harvest import to_tracker
         tracker, dest = args.to
-        done, found = tracking.export([Path(p) for p in args.paths], tracker, Path(dest),
-                                      lambda line: print(line, file=sys.stderr))
+        done, found = to_tracker.export([Path(p) for p in args.paths], tracker, Path(dest),
+                                       lambda line: print(line, file=sys.stderr))
         print(f"exported {done} of {found} run(s) to {tracker} under {dest}", file=sys.stderr)
     result = collect([Path(p) for p in args.paths], target, query_slurm=not args.no_slurm)
     if result.accounting.get("available") is False:
