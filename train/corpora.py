@@ -32,26 +32,40 @@ FORTUNES_DIR = Path("/usr/share/games/fortunes")
 
 @dataclass
 class Tally:
-    """What reading a corpus left out or changed, counted over one pass of documents()."""
+    """What reading one file of a corpus left out or changed, counted over one pass."""
 
+    documents: int = 0
     null_texts: int = 0
     """JSONL records and Parquet rows whose text is null (skipped)."""
     invalid_utf8: int = 0
     """Invalid UTF-8 byte sequences, each replaced by U+FFFD."""
 
-    def line(self, skipped_files: tuple[Path, ...], root: Path | None) -> str | None:
-        """One sentence of everything left out, or None when nothing was."""
+    def said(self, path: Path) -> str | None:
+        """`3 null text(s) skipped, 2 invalid UTF-8 sequence(s) replaced`; None if all was read."""
         parts = []
-        if skipped_files:
-            names = [str(p.relative_to(root)) if root else p.name for p in skipped_files]
-            shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8
-                                            else "")
-            parts.append(f"{len(names)} file(s) not read (not {FOLDER_KINDS}): {shown}")
+        if not self.documents:
+            parts.append("empty" if _size(path) == 0 else "no text in it")
         if self.null_texts:
-            parts.append(f"{self.null_texts} record(s) with a null text skipped")
+            parts.append(f"{self.null_texts} null text(s) skipped")
         if self.invalid_utf8:
             parts.append(f"{self.invalid_utf8} invalid UTF-8 sequence(s) replaced by U+FFFD")
-        return "; ".join(parts) or None
+        return ", ".join(parts) or None
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+SHOWN = 8
+"""Files a log line names before "and N more" (meta.json names every one)."""
+
+
+def _named(items: list[str]) -> str:
+    return "; ".join(items[:SHOWN]) + (f"; and {len(items) - SHOWN} more (meta.json `skipped`)"
+                                       if len(items) > SHOWN else "")
 
 
 _REPLACED = [0]  # invalid UTF-8 sequences seen by the "hpcdp-count" decoding error handler
@@ -81,20 +95,44 @@ class Corpus:
     """Yields the documents of one file, counting what it skips into the tally."""
     skipped_files: tuple[Path, ...] = ()
     """Files of a corpus folder that are not read (another suffix): named once when preparing."""
-    tally: Tally = field(default_factory=Tally, compare=False)
-    """What the last pass of documents() skipped or replaced."""
+    tallies: dict[Path, Tally] = field(default_factory=dict, compare=False)
+    """What the last pass of documents() read, skipped or replaced, per file."""
 
     def documents(self) -> Iterator[str]:
-        self.tally.null_texts = 0
-        replaced_before = _REPLACED[0]
+        self.tallies.clear()
         for path in self.files:
-            yield from self.reader(path, self.tally)
-            self.tally.invalid_utf8 = _REPLACED[0] - replaced_before
+            tally = self.tallies[path] = Tally()
+            replaced_before = _REPLACED[0]
+            for document in self.reader(path, tally):
+                tally.documents += 1
+                yield document
+            tally.invalid_utf8 = _REPLACED[0] - replaced_before
+
+    def left_out(self) -> str | None:
+        """One sentence naming every file not read, and each file read with what it skipped,
+        replaced or lacked (issue 36, item 5: counts alone did not say where to look)."""
+        parts = []
+        if self.skipped_files:
+            names = [self.relative(p) for p in self.skipped_files]
+            parts.append(f"{len(names)} file(s) not read (not {FOLDER_KINDS}): "
+                         + ", ".join(names[:SHOWN])
+                         + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""))
+        said = [f"{self.relative(p)}: {text}" for p, t in self.tallies.items()
+                if (text := t.said(p))]
+        if said:
+            parts.append(_named(said))
+        return "; ".join(parts) or None
 
     def skipped(self) -> dict:
-        """The manifest's record of what was left out (meta.json `skipped`)."""
+        """The manifest's record of what was left out (meta.json `skipped`): totals, and per
+        file read the counts that are not zero."""
+        tallies = self.tallies.values()
         return {"files": [self.relative(p) for p in self.skipped_files],
-                "null_texts": self.tally.null_texts, "invalid_utf8": self.tally.invalid_utf8}
+                "null_texts": sum(t.null_texts for t in tallies),
+                "invalid_utf8": sum(t.invalid_utf8 for t in tallies),
+                "by_file": {self.relative(p): {k: v for k, v in vars(t).items() if v}
+                            | ({"documents": 0} if not t.documents else {})
+                            for p, t in self.tallies.items() if t.said(p)}}
 
     def relative(self, path: Path) -> str:
         return str(path.relative_to(self.root)) if self.root else path.name

@@ -190,7 +190,7 @@ def _build(exp: Experiment, corpus: Corpus, vocab: int, tmp: Path,
         writer.add(ids)
         n_docs += 1
     counts = writer.close()
-    left_out = corpus.tally.line(corpus.skipped_files, corpus.root)
+    left_out = corpus.left_out()
     if left_out:  # once, here and in meta.json: nothing is dropped without a word
         log(f"prepare: left out of {d.corpus!r}: {left_out}")
     if counts["train"] == 0:

@@ -464,7 +464,8 @@ def _collect(fn) -> list[str]:
 
 
 def test_what_a_corpus_folder_leaves_out_is_named_once_in_the_log_and_the_manifest(tmp_path):
-    # issue 19, item 6: skipped files, null texts and replaced invalid UTF-8 are said, once
+    # issue 19, item 6: skipped files, null texts and replaced invalid UTF-8 are said, once;
+    # issue 36, item 5: each file with its own count, and an empty file said to be empty
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
@@ -473,7 +474,9 @@ def test_what_a_corpus_folder_leaves_out_is_named_once_in_the_log_and_the_manife
     (folder / "a.txt").write_bytes(b"plain text with one bad byte \xff here. " * 20)
     (folder / "b.jsonl").write_text(json.dumps({"text": "a document " * 30}) + "\n"
                                     + json.dumps({"text": None}) + "\n")
-    pq.write_table(pa.table({"text": ["a parquet row " * 30, None]}), folder / "c.parquet")
+    (folder / "good.jsonl").write_text(json.dumps({"text": "all fine " * 30}) + "\n")
+    (folder / "empty.jsonl").write_text("")
+    pq.write_table(pa.table({"text": ["a parquet row " * 30, None, None]}), folder / "c.parquet")
     for name in ("d.bin", "notes.csv", "readme.rst"):
         (folder / name).write_text("x")
     exp = make_exp(tmp_path, corpus=str(folder))
@@ -482,11 +485,31 @@ def test_what_a_corpus_folder_leaves_out_is_named_once_in_the_log_and_the_manife
     said = [line for line in lines if "left out of" in line]
     assert len(said) == 1
     assert "3 file(s) not read" in said[0] and "d.bin, notes.csv, readme.rst" in said[0]
-    assert "2 record(s) with a null text skipped" in said[0]
-    assert "20 invalid UTF-8 sequence(s) replaced" in said[0]
+    assert "a.txt: 20 invalid UTF-8 sequence(s) replaced" in said[0]
+    assert "b.jsonl: 1 null text(s) skipped" in said[0]
+    assert "c.parquet: 2 null text(s) skipped" in said[0]
+    assert "empty.jsonl: empty" in said[0] and "good.jsonl" not in said[0]
     skipped = open_data(exp).meta["skipped"]
-    assert skipped == {"files": ["d.bin", "notes.csv", "readme.rst"], "null_texts": 2,
-                       "invalid_utf8": 20}
+    assert skipped == {"files": ["d.bin", "notes.csv", "readme.rst"], "null_texts": 3,
+                       "invalid_utf8": 20, "by_file": {
+                           "a.txt": {"documents": 1, "invalid_utf8": 20},
+                           "b.jsonl": {"documents": 1, "null_texts": 1},
+                           "c.parquet": {"documents": 1, "null_texts": 2},
+                           "empty.jsonl": {"documents": 0}}}
+
+
+def test_many_files_with_something_left_out_are_named_up_to_a_limit(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(12):
+        (folder / f"part-{i:02d}.jsonl").write_text(
+            json.dumps({"text": "words " * 40}) + "\n" + json.dumps({"text": None}) + "\n")
+    exp = make_exp(tmp_path, corpus=str(folder))
+    lines: list[str] = []
+    prepare(exp, log=lines.append)
+    said = next(line for line in lines if "left out of" in line)
+    assert said.count("null text(s) skipped") == 8 and "and 4 more (meta.json" in said
+    assert len(open_data(exp).meta["skipped"]["by_file"]) == 12
 
 
 def test_a_jsonl_text_that_is_not_a_string_says_what_it_is(tmp_path):
