@@ -242,9 +242,20 @@ def _follow(records: list[dict], timeout: float | None) -> int:
                   f"({record['strategy']}) is still {state}; it goes on (hpcdp status, "
                   f"scancel {job_id})", file=sys.stderr)
         elif state != "COMPLETED":
-            print(f"hpcdp: job {job_id} ({record['strategy']}) ended {state}; "
-                  f"see {record['log']}", file=sys.stderr)
+            why = _why_ended(record, state)
+            print(f"hpcdp: job {job_id} ({record['strategy']}) ended {state}"
+                  + (f": {why}" if why else f"; see {record['log']}"), file=sys.stderr)
     return 0 if all(s == "COMPLETED" for s in states.values()) else 1
+
+
+def _why_ended(record: dict, state: str) -> str | None:
+    """What a failed job's log says it died of (hpcdp/job_end.py), for --wait and status."""
+    from hpcdp import job_end
+
+    if state == "COMPLETED":
+        return None
+    why = job_end.why_failed(Path(record["log"]), state)
+    return f"{why} (see {record['log']})" if why else None
 
 
 def cmd_compare(args) -> int:
@@ -465,13 +476,15 @@ def _status_frame(records: list[dict], infos, as_json: bool,
         done = progress.of_run_dir(Path(record["run_dir"]), record["job_id"])
         if done and info and info.state in slurm.TERMINAL_STATES:
             done = dataclasses.replace(done, eta_s=None)  # an ended job has no time left
-        lines.append(done.line() if done else None)
+        why = _why_ended(record, info.state) if info and info.state in slurm.TERMINAL_STATES \
+            else None
+        lines.append("; ".join(filter(None, [done.line() if done else None, why])) or None)
         rows.append({**record, "state": info.state if info else "UNKNOWN",
                      "reason": info.reason if info else None,
                      "exit_code": info.exit_code if info else None,
                      "elapsed_s": info.elapsed_s if info else None,
                      "restarts": info.restarts if info else None,
-                     "progress": done.to_dict() if done else None})
+                     "progress": done.to_dict() if done else None, "why": why})
     if infos.accounting_available is False:
         notes.append(f"hpcdp: sacct is unavailable ({infos.accounting_message}); ended jobs "
                      "show UNKNOWN")

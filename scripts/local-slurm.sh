@@ -211,9 +211,13 @@ first_job_id() {
 
 write_configs() {
     local real_mem_mb first_id i
-    # The four nodes share this machine: each advertises a quarter of its memory, so a --mem
-    # that fits a node fits the machine.
-    real_mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024 / 4)}' /proc/meminfo)
+    # The nodes share this machine, and any one of them may use all of its memory: each
+    # advertises the machine's memory less 2 GiB for the daemons, so a --mem that fits a node
+    # fits the machine. Memory is a consumable resource (CR_Core_Memory) so that Slurm enforces
+    # a job's --mem: without cgroups, jobacct_gather's OverMemoryKill ends a step above it, and
+    # sacct records OUT_OF_MEMORY. A job without --mem gets DefMemPerCPU, its CPUs' share of
+    # the node: jobs pack on CPUs as they did before memory was tracked.
+    real_mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024) - 2048}' /proc/meminfo)
     first_id=$(first_job_id)
     [[ -s $DB_PASS_FILE ]] || (umask 077 && od -An -N12 -tx1 /dev/urandom | tr -d ' \n' >"$DB_PASS_FILE")
 
@@ -242,8 +246,10 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=task=1
+JobAcctGatherParams=OverMemoryKill
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=$((real_mem_mb / CPUS_PER_NODE))
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 # Nodes advertise the CPUs written below, not what slurmd detects (2 real cores, 4 nodes).

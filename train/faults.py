@@ -10,11 +10,15 @@ racing a signal against a run that may already have finished. Forms:
     raise@STEP[:RANK]   after STEP, the rank raises an exception (a crashing rank)
     slow@STEP[:RANK]    after STEP, the rank sleeps SLOW_S (a straggler: at the same step, its
                         clock reads SLOW_S later than the others')
+    hog@STEP[:RANK]     after STEP, the rank takes memory (HOG_CHUNK_MB at a time, every page
+                        touched) until something kills it (a leak, or activations outgrowing
+                        the node), or raises MemoryError past HOG_LIMIT_MB
     segv@start[:RANK]   before its strategy connects, the rank dies of SIGSEGV (a crash in
                         MPI's or NCCL's start-up, which the job script relaunches)
 
-kill, hang, raise, slow and segv fire once per run folder (a marker file records it), so that the
-job that resumes the run (requeued, or resubmitted by `train.on_hang: requeue`) carries on.
+kill, hang, raise, slow, hog and segv fire once per run folder (a marker file records it), so
+that the job that resumes the run (requeued, or resubmitted by `train.on_hang: requeue`) carries
+on.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from hpcdp.errors import UsageError
 ENV_VAR = "HPCDP_FAULT"
 PAUSE_LIMIT_S = 120
 SLOW_S = 5.0
-_FORM = re.compile(r"(?P<kind>pause|kill|hang|raise|slow)@(?P<step>[1-9][0-9]*)"
+HOG_CHUNK_MB, HOG_LIMIT_MB = 64, 8192
+_FORM = re.compile(r"(?P<kind>pause|kill|hang|raise|slow|hog)@(?P<step>[1-9][0-9]*)"
                    r"(?::(?P<rank>[0-9]+))?|(?P<start_kind>segv)@start(?::(?P<start_rank>[0-9]+))?")
 START = 0
 """The step of a fault that fires at start-up, before step 1."""
@@ -76,10 +81,20 @@ class Fault:
             raise RuntimeError(f"{ENV_VAR}={self.kind}@{self.step}:{self.rank}: a crashing rank")
         if self.kind == "slow":
             _sleep(SLOW_S, keep_alive)
+        if self.kind == "hog":
+            _hog()
         if self.kind == "pause":
             _sleep(PAUSE_LIMIT_S, keep_alive, until=stop_requested)
             return True
         return False
+
+
+def _hog() -> None:
+    held = []
+    while len(held) * HOG_CHUNK_MB < HOG_LIMIT_MB:
+        held.append(bytearray(HOG_CHUNK_MB << 20))  # zero-filled: resident, not just reserved
+        time.sleep(0.05)
+    raise MemoryError(f"{ENV_VAR}=hog: {HOG_LIMIT_MB} MB taken and nothing stopped it")
 
 
 def _sleep(seconds: float, keep_alive: Callable[[], None],
@@ -98,7 +113,7 @@ def from_environment(environ: dict[str, str] | None = None) -> Fault | None:
     if not match:
         raise UsageError(f"{ENV_VAR}={raw!r} is not a fault; valid: pause@STEP, "
                          "kill@STEP[:RANK], hang@STEP[:RANK], raise@STEP[:RANK], "
-                         "slow@STEP[:RANK], segv@start[:RANK]")
+                         "slow@STEP[:RANK], hog@STEP[:RANK], segv@start[:RANK]")
     if match["start_kind"]:
         return Fault(kind=match["start_kind"], step=START, rank=int(match["start_rank"] or 0))
     return Fault(kind=match["kind"], step=int(match["step"]), rank=int(match["rank"] or 0))

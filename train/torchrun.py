@@ -10,6 +10,8 @@ blanket 1, so `hpcdp run` reports it as a Slurm step would.
 from __future__ import annotations
 
 import logging
+import signal
+import socket
 import sys
 
 
@@ -33,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         rank, code = first_failure(exc.failures)
         print(f"torchrun: rank {rank} exited first, with code {code}; "
               f"{len(exc.failures)} rank(s) failed (their own lines are above)", file=sys.stderr)
+        if code == 128 + signal.SIGKILL:  # no rank says anything when the kernel kills it
+            from hpcdp.job_end import SIGKILL_EVIDENCE, OutOfMemory
+            said = OutOfMemory(str(rank), socket.gethostname(), SIGKILL_EVIDENCE).line()
+            print(f"torchrun: {said}", file=sys.stderr)
         return code
     return 0
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcdp import slurm
+from hpcdp import job_end, slurm
 from hpcdp.errors import UsageError, did_you_mean, one_line, positive_number
 from hpcdp.harvest import repeats
 from hpcdp.harvest.read import (
@@ -120,6 +120,12 @@ def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
     if ended and r.steps and short:
         of = f" of {r.planned_steps}" if r.planned_steps else ""
         notes.append(f"stopped at step {r.last_step}{of}")
+    if r.state == "ENDING":
+        notes.append("state provisional (sacct not final yet)")
+    oom = scan.out_of_memory or (job_end.OutOfMemory(None, None, "Slurm reports OUT_OF_MEMORY")
+                                 .line() if r.state == "OUT_OF_MEMORY" else None)
+    if oom:  # the cause: the peers' tracebacks and exit codes follow from it
+        return [*notes, oom]
     if info is not None and info.source == "sacct":
         if r.state == "FAILED" or (r.exit_code not in (None, 0) and r.state != "COMPLETED"):
             notes.append(f"failed with exit code {r.exit_code}")
@@ -127,8 +133,6 @@ def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
             notes.append(f"ended by signal {info.signal}")
         if r.state == "COMPLETED" and log.summary is None:
             notes.append("Slurm says COMPLETED but metrics.jsonl has no summary")
-    if r.state == "ENDING":
-        notes.append("state provisional (sacct not final yet)")
     if scan.last_exception:
         notes.append(f"{scan.last_exception_file}: {scan.last_exception}")
     elif scan.tracebacks:

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcdp import slurm
+from hpcdp import job_end, slurm
 from hpcdp.errors import UsageError
 
 METRICS = "metrics.jsonl"
@@ -379,6 +379,8 @@ class SlurmLogScan:
     """The slurm-*.out that last_exception was read from."""
     last_traceback_file: str | None = None
     """The slurm-*.out holding the last traceback seen."""
+    out_of_memory: str | None = None
+    """hpcdp/job_end.py's line for the last log whose job ran out of memory."""
 
 
 def scan_slurm_logs(run_dir: Path, job_ids: list[str] | None = None) -> SlurmLogScan:
@@ -394,6 +396,9 @@ def scan_slurm_logs(run_dir: Path, job_ids: list[str] | None = None) -> SlurmLog
             text = log_path.read_text(errors="replace")
         except OSError:
             continue
+        oom = job_end.out_of_memory(text)
+        if oom:
+            scan.out_of_memory = f"{log_path.name}: {oom.line()}"
         lines = text.splitlines()
         in_traceback = False
         for line in lines:
