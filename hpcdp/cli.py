@@ -175,6 +175,19 @@ def _check_partition_fits(jobs, profile: config.ClusterProfile) -> None:
             f"{most}, or another partition (--set cluster.partition=...)")
 
 
+def _check_run_folders_visible(run_dirs: list[Path], profile: config.ClusterProfile) -> None:
+    """Refuse a run folder the partition's nodes cannot see (hpcdp/shared_fs.py), where Slurm
+    says which nodes they are."""
+    from hpcdp import shared_fs, slurm
+
+    addresses = None
+    for run_dir in run_dirs:
+        addresses = addresses or slurm.partition_node_addresses(profile.partition)
+        why = shared_fs.problem(run_dir, addresses)
+        if why:
+            raise UsageError(why)
+
+
 def cmd_submit(args) -> int:
     from hpcdp import render, submit
 
@@ -194,6 +207,7 @@ def cmd_submit(args) -> int:
     _check_horovod(jobs, profile)
     _local_cluster_env(profile)
     _check_partition_fits(jobs, profile)
+    _check_run_folders_visible([job.run_dir for job in jobs], profile)
     ordered = ([prepare] if prepare else []) + jobs
     records: list[dict] = []
     # Check, write and submit under each run folder's lock: of two submits into one folder
@@ -248,14 +262,23 @@ def _follow(records: list[dict], timeout: float | None) -> int:
     return 0 if all(s == "COMPLETED" for s in states.values()) else 1
 
 
-def _why_ended(record: dict, state: str) -> str | None:
-    """What a failed job's log says it died of (hpcdp/job_end.py), for --wait and status."""
-    from hpcdp import job_end
+def _why_ended(record: dict, state: str, exit_code: int | None = None) -> str | None:
+    """What a failed job's log says it died of (hpcdp/job_end.py), or that there is no log
+    because its nodes could not see the run folder (hpcdp/shared_fs.py): for --wait, status."""
+    from hpcdp import job_end, shared_fs
 
     if state == "COMPLETED":
         return None
-    why = job_end.why_failed(Path(record["log"]), state)
-    return f"{why} (see {record['log']})" if why else None
+    log = Path(record["log"])
+    # FAILED: it ran (a job cancelled while pending has no log either)
+    if exit_code == shared_fs.NOT_VISIBLE_EXIT or (state == "FAILED" and not log.exists()):
+        certain = exit_code == shared_fs.NOT_VISIBLE_EXIT
+        return (f"{'the' if certain else 'no log at ' + str(log) + '; the'} node(s) "
+                f"{'could' if certain else 'may'} not see the run folder {record['run_dir']} "
+                "(a folder on this machine's own disk, such as /tmp?): give --out a folder on "
+                "a filesystem the nodes share")
+    why = job_end.why_failed(log, state)
+    return f"{why} (see {log})" if why else None
 
 
 def cmd_compare(args) -> int:
@@ -282,6 +305,7 @@ def cmd_compare(args) -> int:
         _check_horovod(jobs, profile)
         _local_cluster_env(profile)
         _check_partition_fits([plan.job], profile)
+        _check_run_folders_visible([plan.folder], profile)
     # Check, write and submit under the folder's lock (see cmd_submit).
     with submit.claiming([plan.folder]):
         if not args.render:
@@ -476,8 +500,8 @@ def _status_frame(records: list[dict], infos, as_json: bool,
         done = progress.of_run_dir(Path(record["run_dir"]), record["job_id"])
         if done and info and info.state in slurm.TERMINAL_STATES:
             done = dataclasses.replace(done, eta_s=None)  # an ended job has no time left
-        why = _why_ended(record, info.state) if info and info.state in slurm.TERMINAL_STATES \
-            else None
+        why = (_why_ended(record, info.state, info.exit_code)
+               if info and info.state in slurm.TERMINAL_STATES else None)
         lines.append("; ".join(filter(None, [done.line() if done else None, why])) or None)
         rows.append({**record, "state": info.state if info else "UNKNOWN",
                      "reason": info.reason if info else None,

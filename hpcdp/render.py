@@ -23,7 +23,16 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from hpcdp import PROJECT_ROOT, TEMPLATES_DIR, __version__, containers, distenv, slurm, strategies
+from hpcdp import (
+    PROJECT_ROOT,
+    TEMPLATES_DIR,
+    __version__,
+    containers,
+    distenv,
+    shared_fs,
+    slurm,
+    strategies,
+)
 from hpcdp.config import ClusterProfile, Experiment, as_dict, build, load_yaml_text
 from hpcdp.errors import UsageError
 from hpcdp.strategies import StrategySpec
@@ -200,6 +209,7 @@ def script_context(profile: ClusterProfile, experiment: Experiment, strategy: St
                            + in_srun + in_exec if container else ""),
         # distenv.master_port_for_job in the shell (a batch job's id is a plain number), so
         # that the batch step needs no Python of its own.
+        "not_visible_exit": shared_fs.NOT_VISIBLE_EXIT,
         "port_start": distenv.PORT_RANGE_START,
         "port_span": distenv.PORT_RANGE_END - distenv.PORT_RANGE_START + 1,
         "workdir": str(Path.cwd()),

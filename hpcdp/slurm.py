@@ -342,6 +342,20 @@ def _partition_fields(partition: str | None, env: Mapping[str, str] | None) -> d
     return None
 
 
+def partition_node_addresses(partition: str | None, env: Mapping[str, str] | None = None
+                             ) -> list[str] | None:
+    """Each node's NodeAddr in `partition` (None: the default one), from `scontrol show`;
+    None when Slurm cannot tell."""
+    fields = _partition_fields(partition, env)
+    if not fields or not fields.get("Nodes"):
+        return None
+    rc, shown, _ = _run(["scontrol", "show", "node", "--oneliner", fields["Nodes"]], env)
+    if rc != 0:
+        return None
+    found = [dict(i.partition("=")[::2] for i in n.split()) for n in shown.splitlines()]
+    return [f.get("NodeAddr") or f.get("NodeName", "") for f in found if f.get("NodeName")]
+
+
 def partition_billing(partition: str | None, env: Mapping[str, str] | None = None
                       ) -> dict | None:
     """The partition's TRESBillingWeights and what one whole node of it holds, from `scontrol
