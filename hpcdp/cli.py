@@ -35,8 +35,9 @@ def _add_selection(parser: argparse.ArgumentParser, strategy_required: bool = Fa
     parser.add_argument("--cluster", "-c", default=os.environ.get("HPCDP_CLUSTER", DEFAULT_CLUSTER),
                         help="cluster profile: a shipped name (local, generic-gpu) or a YAML path "
                              "(default: $HPCDP_CLUSTER or local)")
-    parser.add_argument("--experiment", "-e", default=DEFAULT_EXPERIMENT,
-                        help="experiment: a shipped name (smoke, paper) or a YAML path")
+    parser.add_argument("--experiment", "-e",
+                        help="experiment: a shipped name (smoke, paper) or a YAML path "
+                             f"(default: {DEFAULT_EXPERIMENT})")
     if one_cell:
         parser.add_argument("--strategy", "-s", required=strategy_required,
                             help=f"one of {', '.join(strategies.NAMES)} "
@@ -44,6 +45,10 @@ def _add_selection(parser: argparse.ArgumentParser, strategy_required: bool = Fa
                                  "without it: the experiment's whole matrix")
         parser.add_argument("--nodes", "-N", type=int,
                             help="node count (with --strategy; default 1)")
+        parser.add_argument("--resume-from", metavar="RUN_DIR",
+                            help="continue the run in RUN_DIR from its newest checkpoint, in "
+                                 "this job's own run folder: on another number of nodes or "
+                                 "ranks, micro_batch_size set to keep its global batch")
     else:
         parser.set_defaults(strategy=None, nodes=None)
     parser.add_argument("--set", dest="overrides", action="append", default=[],
@@ -58,8 +63,40 @@ def _add_selection(parser: argparse.ArgumentParser, strategy_required: bool = Fa
 def _load(args) -> tuple[config.ClusterProfile, config.Experiment]:
     cluster_over, experiment_over = config.split_overrides(args.overrides)
     profile = config.load_profile(args.cluster, cluster_over)
-    experiment = config.load_experiment(args.experiment, experiment_over)
+    if getattr(args, "resume_from", None):
+        return profile, _continued_experiment(args, profile, experiment_over)
+    experiment = config.load_experiment(args.experiment or DEFAULT_EXPERIMENT, experiment_over)
     return profile, experiment
+
+
+def _continued_experiment(args, profile: config.ClusterProfile,
+                          experiment_over: dict) -> config.Experiment:
+    """--resume-from RUN_DIR: the earlier run's experiment, continued on this job's world
+    (hpcdp/resume_from.py)."""
+    from hpcdp import resume_from
+
+    if args.experiment:
+        raise UsageError("--resume-from continues the earlier run's own experiment; change its "
+                         "settings with --set, not --experiment")
+    if not args.strategy:
+        raise UsageError("--resume-from needs --strategy (and --nodes): one job continues one "
+                         "run")
+    earlier = resume_from.read(Path(args.resume_from))
+    spec = strategies.get(args.strategy)
+    devices = getattr(args, "ranks", None) or profile.devices_per_node()
+    world = (args.nodes or 1) * spec.tasks_per_node(devices)
+    return config.load_experiment(str(earlier.run_dir / resume_from.EXPERIMENT_FILE),
+                                  resume_from.overrides(earlier, world, experiment_over))
+
+
+def _check_resume_from(args, jobs) -> None:
+    """--resume-from: the rendered job continues the earlier run in a folder of its own."""
+    if getattr(args, "resume_from", None):
+        from hpcdp import resume_from
+
+        earlier = resume_from.read(Path(args.resume_from))
+        for job in jobs:
+            resume_from.check(earlier, job.strategy, job.run_dir)
 
 
 def _render_selection(args, profile, experiment, scripts_dir: Path | None = None,
@@ -93,6 +130,7 @@ def cmd_render(args) -> int:
     profile, experiment = _load(args)
     scripts_dir = Path(args.scripts_dir) if args.scripts_dir else None
     jobs = _render_selection(args, profile, experiment, scripts_dir)
+    _check_resume_from(args, jobs)
     if args.stdout:
         for job in jobs:
             sys.stdout.write(job.text)
@@ -193,6 +231,7 @@ def cmd_submit(args) -> int:
 
     profile, experiment = _load(args)
     jobs = _render_selection(args, profile, experiment)
+    _check_resume_from(args, jobs)
     # Several cells: their data is tokenized once, by a job they wait for, not by each cell.
     prepare = (render.render_prepare_job(profile, experiment, output_dir=args.out)
                if len(jobs) > 1 and experiment.data.corpus != "synthetic" else None)
@@ -350,6 +389,7 @@ def cmd_run(args) -> int:
         devices = "gpus_per_node" if profile.gpus_per_node else "cpu_ranks_per_node"
         profile = dataclasses.replace(profile, **{devices: args.ranks})
     jobs = _render_selection(args, profile, experiment, one_node_only=True)
+    _check_resume_from(args, jobs)
     _check_horovod(jobs, profile, controller=local_run.HOROVOD_CONTROLLER)
     _claim_run_dirs(jobs, experiment, args)
     render.write_jobs(jobs, experiment)  # the same scripts, for a later sbatch

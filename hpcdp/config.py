@@ -433,6 +433,10 @@ class TrainConfig:
     stop_check_s: float = 1.0
     """How often the ranks agree on a stop signal (one small all-reduce and a host sync): a
     signal stops every rank within this long plus a step. 0: after every step."""
+    resume_from: str | None = None
+    """A run folder whose newest checkpoint this run starts from while its own folder has none
+    (`hpcdp submit --resume-from RUN_DIR`): the same run continued in another folder, on
+    another number of ranks. Its own checkpoints, once written, come first."""
     on_hang: Literal["fail", "requeue"] = "fail"
     """After the watchdog ended a hung job: fail (the job ends FAILED), or requeue: the batch
     script resubmits itself excluding the silent ranks' nodes, into the same run folder, which

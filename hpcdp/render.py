@@ -312,7 +312,7 @@ CONTINUABLE = ("name", "description", "matrix.", "train.log_interval", "train.ev
                "train.eval_batches", "train.checkpoint_interval", "train.checkpoint_every_s",
                "train.keep_checkpoints", "train.dist_timeout_s", "train.warmup_log_steps",
                "train.hang_factor", "train.hang_floor_s", "train.on_hang", "train.stop_check_s",
-               "compare.")
+               "train.resume_from", "compare.")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, object]:

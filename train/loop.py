@@ -396,7 +396,7 @@ def setup(exp: Experiment, spec: registry.StrategySpec, strategy: Strategy, out_
     _wrap(training, log)
     # After the wrapper: a sharded strategy's state exists only once its model is sharded
     # (and Horovod's and ZeRO's optimizers are new objects).
-    if resume:
+    if resume or exp.train.resume_from:
         _resume(training, log)
     training.model.train()
     return training
@@ -438,11 +438,24 @@ def _wrap(t: Training, log: Callable[[str], None]) -> None:
 
 
 def _resume(t: Training, log: Callable[[str], None]) -> None:
-    """Continue from the newest checkpoint in the run folder, if there is one."""
+    """Continue from the newest checkpoint in the run folder, if there is one; else from the
+    newest of train.resume_from's run folder (another run continued here)."""
     # Rank 0 picks the checkpoint, so every rank loads the same one (shared file system).
-    newest = checkpoint.newest_intact(t.out_dir, log) if t.strategy.is_main else None
-    found = t.strategy.broadcast_object(str(newest) if newest else None,
-                                        name="resume_checkpoint")
+    newest, refusal = None, None
+    if t.strategy.is_main:
+        newest = checkpoint.newest_intact(t.out_dir, log)
+        earlier = t.exp.train.resume_from
+        if newest is None and earlier:
+            newest = checkpoint.newest_intact(Path(earlier), log)
+            if newest is None:
+                refusal = (f"train.resume_from {earlier!r} holds no intact checkpoint in "
+                           f"{checkpoint.checkpoint_dir(Path(earlier))}")
+            else:
+                log(f"train: continuing the run of {earlier} in {t.out_dir}")
+    found, refusal = t.strategy.broadcast_object((str(newest) if newest else None, refusal),
+                                                 name="resume_checkpoint")
+    if refusal:  # every rank ends; rank 0 says why
+        raise UsageError(refusal) if t.strategy.is_main else AlreadySaid(UsageError.exit_code)
     if found is None:
         log(f"train: --resume: no checkpoint in {checkpoint.checkpoint_dir(t.out_dir)}, "
             "starting fresh")

@@ -1,0 +1,128 @@
+"""`--resume-from RUN_DIR` (issue 36, item 4): a run continued on another number of nodes, in a
+run folder of its own. On the local cluster: fsdp on 2 nodes x 2 ranks, continued on 1 node x 2
+ranks (its sharded checkpoint resharded from 4 ranks to 2, micro_batch_size doubled so the
+global batch stays), then back on 2 x 2. Every way in reads the same setting
+(train.resume_from): submit here, a script sbatch'ed by hand and `hpcdp run` below."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from slurm_jobs import records, sets, wait_all
+
+SETTINGS = sets("data.corpus=synthetic", "train.eval_interval=0", "cluster.cpu_ranks_per_node=2")
+
+
+def hpcdp(*args: str, cwd: Path, timeout: int = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpcdp", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=dict(os.environ))
+
+
+def submitted(done: subprocess.CompletedProcess) -> Path:
+    assert done.returncode == 0, done.stdout + done.stderr
+    return Path(re.search(r"run:\s+(\S.*)", done.stdout).group(1).strip())
+
+
+def steps_and_world(run_dir: Path) -> tuple[list[int], int, dict]:
+    recs = records(run_dir)
+    header = next(r for r in recs if r["kind"] == "header")
+    return [r["step"] for r in recs if r["kind"] == "step"], header["world_size"], header
+
+
+@pytest.mark.slurm
+def test_a_sharded_run_moves_from_2x2_ranks_to_1x2_and_back(slurm_cluster, tmp_path):
+    first = submitted(hpcdp("submit", "-s", "fsdp", "--nodes", "2", "--out", str(tmp_path / "a"),
+                            *SETTINGS, *sets("train.steps=4"), "--wait", cwd=tmp_path))
+    steps, world, header = steps_and_world(first)
+    assert (steps, world) == ([1, 2, 3, 4], 4)
+    micro = header["config"]["train"]["micro_batch_size"]
+
+    # 1 node x 2 ranks: micro_batch_size doubled keeps the sequences per micro-step
+    done = hpcdp("submit", "-s", "fsdp", "--nodes", "1", "--out", str(tmp_path / "b"),
+                 "--resume-from", str(first), *SETTINGS, *sets("train.steps=7"), "--wait",
+                 cwd=tmp_path)
+    second = submitted(done)
+    steps, world, header = steps_and_world(second)
+    assert (steps, world) == ([5, 6, 7], 2), (steps, world)
+    assert header["config"]["train"]["micro_batch_size"] == 2 * micro
+    assert header["resumed_from"].startswith(str(first / "checkpoints" / "step-0000004"))
+    log = "".join(p.read_text() for p in second.glob("slurm-*.out"))
+    assert "resharded the checkpoint's state from 4 ranks to 2" in log, log[-3000:]
+
+    # and back on 2 x 2, from the 1-node folder's own checkpoint; by hand with plain sbatch
+    rendered = hpcdp("render", "-s", "fsdp", "--nodes", "2", "--out", str(tmp_path / "c"),
+                     "--resume-from", str(second), *SETTINGS, *sets("train.steps=9"),
+                     cwd=tmp_path)
+    assert rendered.returncode == 0, rendered.stderr
+    script = next((tmp_path / "c").rglob("job.sbatch"))
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    assert wait_all([job_id], timeout_s=400)[job_id].state == "COMPLETED"
+    steps, world, header = steps_and_world(script.parent)
+    assert (steps, world) == ([8, 9], 4) and header["config"]["train"]["micro_batch_size"] == micro
+    assert "step-0000007" in header["resumed_from"]
+    # the first run's folder is left as it was: its own four steps
+    assert steps_and_world(first)[0] == [1, 2, 3, 4]
+
+
+def test_resume_from_refuses_what_cannot_continue(tmp_path):
+    """One line, exit 2, nothing written: no run there, a run with no checkpoint, its own
+    folder, a checkpoint of the other kind, a world its sequences do not divide over."""
+    out = tmp_path / "runs"
+    trained = hpcdp("run", "-s", "distributed-ps", "--ranks", "2", "--out", str(out),
+                    *sets("data.corpus=synthetic", "train.steps=2", "train.eval_interval=0"),
+                    cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    ddp = out / "smoke" / "distributed-ps-1n"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "experiment.yaml").write_text((ddp / "experiment.yaml").read_text())
+    cases = [
+        (["-s", "fsdp", "--resume-from", str(tmp_path / "nothing")], "holds no experiment.yaml"),
+        (["-s", "fsdp", "--resume-from", str(empty)], "holds no checkpoint to continue from"),
+        (["-s", "distributed-ps", "--ranks", "2", "--resume-from", str(ddp), "--out", str(out)],
+         "is this job's own run folder"),
+        (["-s", "fsdp", "--resume-from", str(ddp), "--out", str(tmp_path / "x")],
+         "distributed-ps wrote whole-state checkpoints, which fsdp cannot load"),
+        (["-s", "distributed-ps", "--ranks", "3", "--resume-from", str(ddp), "--out",
+          str(tmp_path / "y")], "which 3 ranks cannot share evenly"),
+        (["-s", "fsdp", "--resume-from", str(ddp), "--experiment", "paper"], "not --experiment"),
+    ]
+    for args, says in cases:
+        done = hpcdp("run", *args, cwd=tmp_path)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert done.stderr.count("\n") == 1 and says in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_hpcdp_run_and_python_m_train_continue_the_same_way(tmp_path):
+    out = tmp_path / "runs"
+    first = hpcdp("run", "-s", "distributed-ps", "--ranks", "2", "--out", str(out),
+                  *sets("data.corpus=synthetic", "train.steps=3", "train.eval_interval=0"),
+                  cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    earlier = out / "smoke" / "distributed-ps-1n"
+    moved = hpcdp("run", "-s", "single-gpu", "--out", str(tmp_path / "one"), "--resume-from",
+                  str(earlier), *sets("train.steps=5"), cwd=tmp_path)
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    micro = steps_and_world(earlier)[2]["config"]["train"]["micro_batch_size"]
+    steps, world, header = steps_and_world(tmp_path / "one" / "smoke" / "single-gpu-1n")
+    assert (steps, world) == ([4, 5], 1)
+    assert header["config"]["train"]["micro_batch_size"] == 2 * micro
+    # python -m train reads the same setting, by hand
+    by_hand = subprocess.run(
+        [sys.executable, "-m", "train", "--experiment", str(earlier / "experiment.yaml"),
+         "--strategy", "single-gpu", "--out", str(tmp_path / "hand"),
+         *sets(f"train.resume_from={earlier}", f"train.micro_batch_size={2 * micro}",
+               "train.steps=4")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert by_hand.returncode == 0, by_hand.stderr[-2000:]
+    assert steps_and_world(tmp_path / "hand")[0] == [4]
+    summary = json.loads((tmp_path / "hand" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert summary["kind"] == "summary" and summary["status"] == "completed"
