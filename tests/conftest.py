@@ -43,6 +43,35 @@ def slurm_cluster() -> Iterator[Path]:
     yield cluster.cluster_dir()
 
 
+CAMPAIGN_STRATEGIES = ["distributed-ps", "horovod", "fsdp", "zero1"]
+
+
+@pytest.fixture(scope="session")
+def two_node_campaign(slurm_cluster, tmp_path_factory) -> dict:
+    """One `hpcdp compare` campaign, shared by test_compare.py and test_forecast_held_out.py
+    (one campaign instead of two keeps the suite under its 25 minutes): DDP, Horovod (where
+    installed), fsdp and zero1 on 1 and 2 nodes, 2 repeats of 12 steps, with its network
+    probes. {"job_id", "folder", "strategies", "has_horovod"}."""
+    import re
+    import subprocess
+    import sys
+
+    tmp = tmp_path_factory.mktemp("campaign")
+    has_horovod = subprocess.run([sys.executable, "-c", "import horovod.torch"],
+                                 capture_output=True).returncode == 0
+    strategies = [s for s in CAMPAIGN_STRATEGIES if has_horovod or s != "horovod"]
+    settings = [f"matrix.strategies=[{','.join(strategies)}]", "matrix.nodes=[1,2]",
+                "train.steps=12", "train.eval_interval=0", "train.checkpoint_interval=0"]
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdp", "compare", "--out", str(tmp / "runs"), "--repeats", "2",
+         *[a for s in settings for a in ("--set", s)], "--wait", "--timeout", "900"],
+        cwd=tmp, capture_output=True, text=True, timeout=1000, env=dict(os.environ))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {"job_id": re.search(r"submitted job (\d+)", done.stdout).group(1),
+            "folder": Path(re.search(r"run:\s+(\S.*)", done.stdout).group(1).strip()),
+            "strategies": strategies, "has_horovod": has_horovod}
+
+
 @pytest.fixture
 def matches_golden():
     """check(text, path, regenerate): `text` equals the golden file at `path`, or the test

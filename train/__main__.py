@@ -196,21 +196,27 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
             print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:
-        gone = next((text for text in PEER_GONE if text in str(exc)), None)
-        if not gone:
+        if not _said_a_peer_is_gone(exc):
             raise
-        # A rank that died (out of memory, a crash) takes its peers' next collective with it:
-        # their tracebacks buried the one line that says why (srun's, torchrun's or its own).
-        rank = next((os.environ[k] for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-                                              "PMI_RANK") if k in os.environ), "?")
-        print(f"error: rank {rank} lost a peer ({type(exc).__name__}: {gone}): another rank "
-              "ended first; the line that says why is its own or its launcher's", file=sys.stderr)
         return 1
 
 
 # What a collective raises when another rank is gone (gloo, NCCL, Horovod).
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crash",
              "remote process exited", "Horovod has been shut down")
+
+
+def _said_a_peer_is_gone(exc: Exception) -> bool:
+    """A rank that died (out of memory, a crash) takes its peers' next collective with it:
+    their tracebacks buried the one line that says why (srun's, torchrun's or its own). Such
+    an error is one line here; True when `exc` was one."""
+    gone = next((text for text in PEER_GONE if text in str(exc)), None)
+    if gone:
+        rank = next((os.environ[k] for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                                              "PMI_RANK") if k in os.environ), "?")
+        print(f"error: rank {rank} lost a peer ({type(exc).__name__}: {gone}): another rank "
+              "ended first; the line that says why is its own or its launcher's", file=sys.stderr)
+    return gone is not None
 
 
 def exit_without_finalizing(code: int):

@@ -17,11 +17,6 @@ from slurm_jobs import sets, wait_all
 
 pytestmark = pytest.mark.slurm
 
-# single-gpu and single-ps are left out: one process each, in the other campaigns below and in
-# test_resume_every_strategy.py (the suite must stay under 25 minutes).
-STRATEGIES = "[distributed-ps,horovod]"
-
-
 def _compare(tmp_path: Path, *extra: str, wait: bool = False) -> tuple[str, Path]:
     done = subprocess.run(
         [sys.executable, "-m", "hpcdp", "compare", "--out", str(tmp_path / "runs"), *extra,
@@ -48,20 +43,17 @@ def _harvest(folder: Path) -> dict:
     return json.loads(done.stdout)
 
 
-def test_one_job_runs_every_cell_in_turn_and_harvest_gives_intervals(slurm_cluster, tmp_path):
-    has_horovod = subprocess.run([sys.executable, "-c", "import horovod.torch"],
-                                 capture_output=True).returncode == 0
-    strategies = STRATEGIES if has_horovod else STRATEGIES.replace(",horovod", "")
-    job_id, folder = _compare(tmp_path, "--repeats", "2", *sets(
-        f"matrix.strategies={strategies}", "matrix.nodes=[1,2]", "train.steps=8",
-        "train.eval_interval=0", "train.checkpoint_interval=0"), wait=True)
+def test_one_job_runs_every_cell_in_turn_and_harvest_gives_intervals(two_node_campaign):
+    """The campaign tests/conftest.py runs (test_forecast_held_out.py reads it too)."""
+    job_id, folder = two_node_campaign["job_id"], two_node_campaign["folder"]
+    has_horovod, strategies = two_node_campaign["has_horovod"], two_node_campaign["strategies"]
     record = json.loads((folder / "campaign.json").read_text())
     assert isinstance(record["seed"], int)
     log = (folder / f"slurm-{job_id}.out").read_text()
     started = re.findall(r"cell \d+/\d+ (\S+): starting", log)
     # The recorded order, after the network baseline (2 nodes: DDP's and Horovod's transport).
     probes = [c["key"] for c in record["baseline"]]
-    assert sorted(probes) == sorted(f"baseline-{s}-2n" for s in strategies[1:-1].split(",")
+    assert sorted(probes) == sorted(f"baseline-{s}-2n" for s in strategies
                                     if s in ("distributed-ps", "horovod"))
     # ...and the same probes again after the last cell (baseline-end/): the network's drift.
     end = [c["key"] for c in record["baseline_end"]]

@@ -15,12 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_jobs import sets
 
 pytestmark = pytest.mark.slurm
-
-STRATEGIES = ["distributed-ps", "horovod", "fsdp", "zero1"]
-
 
 def hpcdp(*args: str, cwd: Path, timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpcdp", *args], cwd=cwd, capture_output=True,
@@ -28,17 +24,9 @@ def hpcdp(*args: str, cwd: Path, timeout: int = 120) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def campaign(slurm_cluster, tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("forecast")
-    has_horovod = subprocess.run([sys.executable, "-c", "import horovod.torch"],
-                                 capture_output=True).returncode == 0
-    strategies = [s for s in STRATEGIES if has_horovod or s != "horovod"]
-    done = hpcdp("compare", "--out", str(tmp / "runs"), "--repeats", "2", *sets(
-        f"matrix.strategies=[{','.join(strategies)}]", "matrix.nodes=[1,2]", "train.steps=12",
-        "train.eval_interval=0", "train.checkpoint_interval=0"), "--wait", "--timeout", "900",
-        cwd=tmp, timeout=1000)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return Path(re.search(r"run:\s+(\S.*)", done.stdout).group(1).strip())
+def campaign(two_node_campaign) -> Path:
+    """tests/conftest.py's campaign, which test_compare.py reads too."""
+    return two_node_campaign["folder"]
 
 
 def forecast_json(folder: Path, *args: str) -> dict:

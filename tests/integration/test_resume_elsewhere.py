@@ -71,28 +71,35 @@ def test_a_sharded_run_moves_from_2x2_ranks_to_1x2_and_back(slurm_cluster, tmp_p
     assert steps_and_world(first)[0] == [1, 2, 3, 4]
 
 
-def test_resume_from_refuses_what_cannot_continue(tmp_path):
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory) -> Path:
+    """A finished 2-rank DDP run of 3 steps (whole-state checkpoints), by `hpcdp run`."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    trained = hpcdp("run", "-s", "distributed-ps", "--ranks", "2", "--out", str(tmp / "runs"),
+                    *sets("data.corpus=synthetic", "train.steps=3", "train.eval_interval=0"),
+                    cwd=tmp)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    return tmp / "runs" / "smoke" / "distributed-ps-1n"
+
+
+def test_resume_from_refuses_what_cannot_continue(ddp_run, tmp_path):
     """One line, exit 2, nothing written: no run there, a run with no checkpoint, its own
     folder, a checkpoint of the other kind, a world its sequences do not divide over."""
-    out = tmp_path / "runs"
-    trained = hpcdp("run", "-s", "distributed-ps", "--ranks", "2", "--out", str(out),
-                    *sets("data.corpus=synthetic", "train.steps=2", "train.eval_interval=0"),
-                    cwd=tmp_path)
-    assert trained.returncode == 0, trained.stderr[-2000:]
-    ddp = out / "smoke" / "distributed-ps-1n"
     empty = tmp_path / "empty"
     empty.mkdir()
-    (empty / "experiment.yaml").write_text((ddp / "experiment.yaml").read_text())
+    (empty / "experiment.yaml").write_text((ddp_run / "experiment.yaml").read_text())
+    own_out = str(ddp_run.parent.parent)
     cases = [
         (["-s", "fsdp", "--resume-from", str(tmp_path / "nothing")], "holds no experiment.yaml"),
         (["-s", "fsdp", "--resume-from", str(empty)], "holds no checkpoint to continue from"),
-        (["-s", "distributed-ps", "--ranks", "2", "--resume-from", str(ddp), "--out", str(out)],
-         "is this job's own run folder"),
-        (["-s", "fsdp", "--resume-from", str(ddp), "--out", str(tmp_path / "x")],
+        (["-s", "distributed-ps", "--ranks", "2", "--resume-from", str(ddp_run), "--out",
+          own_out], "is this job's own run folder"),
+        (["-s", "fsdp", "--resume-from", str(ddp_run), "--out", str(tmp_path / "x")],
          "distributed-ps wrote whole-state checkpoints, which fsdp cannot load"),
-        (["-s", "distributed-ps", "--ranks", "3", "--resume-from", str(ddp), "--out",
+        (["-s", "distributed-ps", "--ranks", "3", "--resume-from", str(ddp_run), "--out",
           str(tmp_path / "y")], "which 3 ranks cannot share evenly"),
-        (["-s", "fsdp", "--resume-from", str(ddp), "--experiment", "paper"], "not --experiment"),
+        (["-s", "fsdp", "--resume-from", str(ddp_run), "--experiment", "paper"],
+         "not --experiment"),
     ]
     for args, says in cases:
         done = hpcdp("run", *args, cwd=tmp_path)
@@ -101,25 +108,19 @@ def test_resume_from_refuses_what_cannot_continue(tmp_path):
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
-def test_hpcdp_run_and_python_m_train_continue_the_same_way(tmp_path):
-    out = tmp_path / "runs"
-    first = hpcdp("run", "-s", "distributed-ps", "--ranks", "2", "--out", str(out),
-                  *sets("data.corpus=synthetic", "train.steps=3", "train.eval_interval=0"),
-                  cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-2000:]
-    earlier = out / "smoke" / "distributed-ps-1n"
+def test_hpcdp_run_and_python_m_train_continue_the_same_way(ddp_run, tmp_path):
+    micro = steps_and_world(ddp_run)[2]["config"]["train"]["micro_batch_size"]
     moved = hpcdp("run", "-s", "single-gpu", "--out", str(tmp_path / "one"), "--resume-from",
-                  str(earlier), *sets("train.steps=5"), cwd=tmp_path)
+                  str(ddp_run), *sets("train.steps=5"), cwd=tmp_path)
     assert moved.returncode == 0, moved.stderr[-2000:]
-    micro = steps_and_world(earlier)[2]["config"]["train"]["micro_batch_size"]
     steps, world, header = steps_and_world(tmp_path / "one" / "smoke" / "single-gpu-1n")
     assert (steps, world) == ([4, 5], 1)
     assert header["config"]["train"]["micro_batch_size"] == 2 * micro
     # python -m train reads the same setting, by hand
     by_hand = subprocess.run(
-        [sys.executable, "-m", "train", "--experiment", str(earlier / "experiment.yaml"),
+        [sys.executable, "-m", "train", "--experiment", str(ddp_run / "experiment.yaml"),
          "--strategy", "single-gpu", "--out", str(tmp_path / "hand"),
-         *sets(f"train.resume_from={earlier}", f"train.micro_batch_size={2 * micro}",
+         *sets(f"train.resume_from={ddp_run}", f"train.micro_batch_size={2 * micro}",
                "train.steps=4")],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert by_hand.returncode == 0, by_hand.stderr[-2000:]

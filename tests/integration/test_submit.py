@@ -102,9 +102,11 @@ def test_hpcdp_submit_wait_completes_on_two_nodes(slurm_cluster, tmp_path):
 
 
 def test_submit_wait_exits_nonzero_when_the_job_fails(slurm_cluster, tmp_path):
-    # A corpus folder that does not exist makes `python -m train prepare` fail inside the job.
+    # A corpus that exists but is not a list of strings makes `python -m train prepare` fail
+    # inside the job (one that does not exist is refused before submitting).
+    (tmp_path / "bad.json").write_text('{"not": "a list of strings"}')
     result = hpcdp("submit", "--strategy", "single-gpu", "--wait", "--out", str(tmp_path / "r"),
-                   "--set", f"data.corpus={tmp_path}/no-such-corpus", *FAST, cwd=tmp_path,
+                   "--set", f"data.corpus={tmp_path}/bad.json", *FAST, cwd=tmp_path,
                    check=False)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAILED" in result.stdout
