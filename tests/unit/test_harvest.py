@@ -556,10 +556,10 @@ def test_repeats_become_cells_with_intervals_and_a_verdict(tmp_path):
     assert 1890 / (2 * 1015) * (1 - 1e-12) <= eff["interval"]["low"] <= eff["estimate"] \
         <= eff["interval"]["high"] <= 1910 / (2 * 995) * (1 + 1e-12)
     verdict = {v["nodes"]: v for v in result["verdict"]}
-    # 3 runs per cell can reach no p <= 0.05 (the smallest exact p at 3 vs 3 is 0.1), and the
-    # ratio's 90% interval (0.975-1.015) is wider than the 2% band: neither call is made
-    assert verdict[1]["outcome"] == "undecided"
-    assert "not told apart" in verdict[1]["text"] and "4 runs per cell" in verdict[1]["text"]
+    # 3 runs per cell give the ratio no 95% interval (the smallest exact p at 3 vs 3 is 0.1):
+    # neither a winner nor "equally fast" can be said, and the line says how many runs can
+    assert verdict[1]["outcome"] == "too few repeats"
+    assert "cannot tell 2 strategies apart; 4 needed" in verdict[1]["text"]
     assert verdict[2]["outcome"] == "faster" and verdict[2]["fastest"] == "distributed-ps 2n"
     (vs_horovod,) = verdict[2]["comparisons"]
     assert vs_horovod["p"] == pytest.approx(2 / 70)  # completely separated, 4 vs 4
@@ -856,7 +856,7 @@ def test_the_verdict_names_a_cell_that_trades_throughput_for_memory(tmp_path):
     assert two["fastest"] == "distributed-ps 2n"
     assert two["memory_trades"] == [
         "horovod 2n: 0.55x distributed-ps 2n's memory per rank (state 1.00x) at 0.93x its "
-        "throughput"]
+        "throughput (0.92x-0.94x)"]
     assert two["text"].endswith("; memory: " + two["memory_trades"][0])
     one = next(v for v in result["verdict"] if v["nodes"] == 1)
     assert one["memory_trades"] == [] and "memory" not in one["text"]
@@ -885,9 +885,9 @@ def test_a_sharded_cell_states_its_trade_against_the_strategy_it_shards(tmp_path
     assert verdict["fastest"] == "horovod 2n"
     assert sorted(verdict["memory_trades"]) == [
         "fsdp 2n: 0.55x distributed-ps 2n's memory per rank (state 0.50x) at 0.93x its "
-        "throughput",
+        "throughput (0.92x-0.94x)",
         "zero1 2n: 0.75x distributed-ps 2n's memory per rank (state 0.75x) at 0.95x its "
-        "throughput"]
+        "throughput (0.94x-0.96x)"]
     table = harvest.render(result, "table")
     assert "state/rank GB" in table
     fsdp_row = next(line for line in table.splitlines() if line.startswith("fsdp 2n"))
