@@ -939,3 +939,38 @@ def test_a_failed_attempt_that_was_retried_is_counted_as_failed_not_as_a_repeat(
     failed = next(r for r in result.runs if r.run_dir.endswith("repeat-2.failed"))
     assert "failed attempt, retried as repeat-2; not a repeat" in failed.notes
     assert "2 (1 failed)" in harvest.render(result, "table")
+
+
+def test_a_sharded_cell_is_held_to_its_strategy_in_the_same_precision(tmp_path):
+    """issue 36, item 10: fsdp bf16 against DDP bf16 (state 1.9 against 2.0 GB: no trade), fsdp
+    fp32 against DDP fp32 (not against whichever DDP cell came last)."""
+    root = _campaign(tmp_path, {("distributed-ps", 2): [2000.0, 2010.0, 2005.0, 2015.0, 1995.0],
+                                ("fsdp", 2): [1860.0, 1870.0, 1865.0, 1875.0, 1855.0]})
+    for strategy in ("distributed-ps", "fsdp"):
+        for k, tps in enumerate([2100.0, 2110.0, 2105.0, 2115.0, 2095.0], start=1):
+            simple_run(root / f"{strategy}-bf16-2n" / f"repeat-{k}", strategy, 2, 2, tps,
+                       precision="bf16")
+    memory = {"distributed-ps-2n": (10.0, 4.0), "fsdp-2n": (5.5, 2.0),
+              "distributed-ps-bf16-2n": (6.0, 2.0), "fsdp-bf16-2n": (5.7, 1.9)}
+    for folder, (peak, state) in memory.items():
+        for k in range(1, 6):
+            _set_memory(root / folder / f"repeat-{k}", peak, state)
+    (verdict,) = harvest.collect([root], query_slurm=False).verdicts
+    assert verdict["memory_trades"] == [
+        "fsdp 2n: 0.55x distributed-ps 2n's memory per rank (state 0.50x) at 0.93x its "
+        "throughput (0.92x-0.94x)"]
+
+
+def test_a_cell_that_failed_loss_parity_is_offered_as_no_trade(tmp_path):
+    root = _campaign(tmp_path, {("distributed-ps", 2): [1000.0, 1001.0, 1002.0, 1003.0]},
+                     communication="gloo", global_batch=16)
+    for k, tps in enumerate([900.0, 901.0, 902.0, 903.0], start=1):
+        simple_run(root / "horovod-2n" / f"repeat-{k}", "horovod", 2, 2, tps,
+                   communication="horovod-mpi", global_batch=16, grad_comm="fp16",
+                   losses=(4.0, 3.5, 3.0, 2.7, 2.2))
+    for k in range(1, 5):
+        _set_memory(root / "distributed-ps-2n" / f"repeat-{k}", 10.0)
+        _set_memory(root / "horovod-2n" / f"repeat-{k}", 5.0)
+    (v,) = harvest.collect([root], query_slurm=False).verdicts
+    assert "horovod 2n may not win" in v["text"]
+    assert v["memory_trades"] == [] and "memory:" not in v["text"]
