@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcdp import strategies as registry
-from hpcdp.harvest import stats
+from hpcdp.harvest import layout, stats
 from hpcdp.harvest.table import (
     BASELINE_PRECISION,
     BASELINE_STRATEGY,
@@ -444,15 +444,22 @@ def _row(c: Cell) -> list[str]:
             c.vs_fastest or "-"]
 
 
-def _grid(rows: list[list[str]], markdown: bool) -> list[str]:
-    """Rows as a markdown table or aligned text (first and last column left, others right)."""
+CELL_PRIORITY = (0, 1, 2, 3, 11, 4, 5, 9, 10, 6, 7, 8)
+"""COLUMNS by importance, for a narrow terminal: cell, runs, median, interval, vs leader,
+speed-up, scaling, memory; the communication columns last."""
+
+
+def _grid(rows: list[list[str]], markdown: bool, width: int | None = None,
+          priority: tuple[int, ...] | None = None) -> list[str]:
+    """Rows as a markdown table or aligned text (first and last column left, others right),
+    within `width` the columns that fit by `priority` (layout.fit)."""
     n = len(rows[0])
     if markdown:
         return (["| " + " | ".join(rows[0]) + " |", "|---|" + "---:|" * (n - 2) + "---|"]
                 + ["| " + " | ".join(row) + " |" for row in rows[1:]])
-    widths = [max(len(row[i]) for row in rows) for i in range(n)]
-    return ["  ".join(cell.ljust(w) if i in (0, n - 1) else cell.rjust(w)
-                      for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
+    lines, dropped = layout.fit(rows, width, left={0, n - 1},
+                                priority=list(priority) if priority else None)
+    return lines + ([layout.left_out(dropped, width)] if dropped and width else [])
 
 
 BASELINE_COLUMNS = ("transport", "nodes", "world", "size", "", "median ms", "algbw GB/s",
@@ -466,7 +473,8 @@ def _size(nbytes: float) -> str:
     return f"{nbytes / 1024:.1f} KiB"
 
 
-def render_baseline(baseline: list[dict], markdown: bool = False) -> str:
+def render_baseline(baseline: list[dict], markdown: bool = False,
+                    width: int | None = None) -> str:
     """The network baseline: per campaign, transport and world, every message size of the
     probe at the campaign's start and, where it ran, at its end (their busbw's drift)."""
     probes: dict[tuple, dict] = {}
@@ -499,7 +507,7 @@ def render_baseline(baseline: list[dict], markdown: bool = False) -> str:
                 rows.append(row)
         if len(campaigns) > 1:
             lines += ["", f"{campaign or 'outside a campaign'}:"]
-        lines += ["", *_grid(rows, markdown)]
+        lines += ["", *_grid(rows, markdown, width)]
     title = ("Network baseline (all-reduce per message size: median of the timed iterations, "
              "each the slowest rank's; busbw = algbw x 2(n-1)/n as nccl-tests"
              + ("; drift: end of the campaign against its start" if with_end else "") + "):")
@@ -526,11 +534,16 @@ def _shown(source: str) -> str:
     return source if shown.startswith("..") else shown
 
 
+VERDICT_LEGEND = ("Verdict (each gap: the leader's median over the other cell's, with its "
+                  "interval; the intervals of all pairs hold together with 95% confidence, a "
+                  "'range' where too few runs allow that; how: docs/compare.md):")
+
+
 def render_text(cells: list[Cell], markdown: bool = False,
                 campaigns: dict[str, dict] | None = None,
-                decided: list[dict] | None = None) -> str:
+                decided: list[dict] | None = None, width: int | None = None) -> str:
     """Per source: the per-cell table and its verdict lines (decided: verdicts(cells), which
-    also fills each cell's vs_fastest)."""
+    also fills each cell's vs_fastest); within `width`, the columns that fit."""
     campaigns = campaigns or {}
     decided = verdicts(cells) if decided is None else decided
     sources = list(dict.fromkeys(c.source for c in cells))
@@ -545,7 +558,8 @@ def render_text(cells: list[Cell], markdown: bool = False,
     for source in sources:
         mine = [c for c in cells if c.source == source]
         lines += ["", f"Source: {source_label(source, campaigns.get(source))}", ""]
-        lines += _grid([list(COLUMNS)] + [_row(c) for c in mine], markdown)
-        lines += ["", "Verdict:"] + [f"- {v['text']}" for v in decided
-                                      if v["source"] == source]
+        lines += _grid([list(COLUMNS)] + [_row(c) for c in mine], markdown, width,
+                       CELL_PRIORITY)
+        lines += ["", VERDICT_LEGEND] + [f"- {v['text']}" for v in decided
+                                         if v["source"] == source]
     return "\n".join(lines)

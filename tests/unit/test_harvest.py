@@ -565,7 +565,7 @@ def test_repeats_become_cells_with_intervals_and_a_verdict(tmp_path):
     assert vs_horovod["p"] == pytest.approx(2 / 70)  # completely separated, 4 vs 4
     assert cells["horovod 2n"]["vs_fastest"].startswith("slower")
     text = harvest.render(harvest.collect([root], query_slurm=False), "table")
-    assert "Per cell, over runs" in text and "repeat of distributed-ps-2n/repeat-1" in text
+    assert "Per cell, over runs" in text and "repeat 2 of 4" in text
     assert f"Source: campaign {root} (nodes exclusive)" in text
 
 
@@ -974,3 +974,51 @@ def test_a_cell_that_failed_loss_parity_is_offered_as_no_trade(tmp_path):
     (v,) = harvest.collect([root], query_slurm=False).verdicts
     assert "horovod 2n may not win" in v["text"]
     assert v["memory_trades"] == [] and "memory:" not in v["text"]
+
+
+def _wide_campaign(tmp_path: Path) -> Path:
+    """Six strategies of five repeats, a repeat-1 that never finished and a cell whose loss
+    drifts: long notes, a long verdict, every column filled somewhere."""
+    root = _campaign(tmp_path, {
+        (s, n): [1000.0 * n * (1 + 0.05 * i) + 7.0 * k for k in range(5)]
+        for i, s in enumerate(["single-gpu", "single-ps", "distributed-ps", "horovod",
+                               "distributed-ps-apex", "horovod-apex"])
+        for n in ([1] if s.startswith("single") else [1, 2])})
+    write_run(root / "horovod-2n" / "repeat-1",
+              [header("horovod", 2, 2, steps=5), step(1, 4.0, 100, 1)])  # died at step 1
+    for k in range(1, 6):
+        simple_run(root / "horovod-apex-2n" / f"repeat-{k}", "horovod-apex", 2, 2, 2600.0 + k,
+                   losses=(4.0, 3.5, 3.0, 2.7, 2.2))
+    return root
+
+
+def test_the_output_fits_100_columns_and_wide_keeps_every_column(tmp_path, capsys,
+                                                                 monkeypatch):
+    """issue 36, item 12: `COLUMNS=100 hpcdp harvest` printed lines of up to 443 characters."""
+    root = _wide_campaign(tmp_path)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert harvest.main(_args(str(root), "--no-slurm")) == 0
+    narrow = capsys.readouterr().out
+    assert max(map(len, narrow.splitlines())) <= 100
+    assert "more column(s) left out to fit 100 characters: --wide prints them" in narrow
+    assert "could not tell apart from" in narrow or "is fastest" in narrow
+    assert "horovod-apex 2n may not win: its loss drifts" in narrow.replace("\n  ", " ")
+    out = tmp_path / "out"
+    assert harvest.main(_args(str(root), "--no-slurm", "--wide", "--out", str(out),
+                              "--no-plots")) == 0
+    wide = capsys.readouterr().out
+    assert max(map(len, wide.splitlines())) > 100
+    titles = [title for _, title in harvest.table.COLUMNS if title != "experiment"]
+    for text in (wide.splitlines()[0], (out / "table.md").read_text().splitlines()[0]):
+        assert all(title in text for title in titles), text
+    assert all(title in (out / "table.md").read_text() for title in repeats.COLUMNS)
+
+
+def test_repeats_are_numbered_not_a_repeat_of_one_another(tmp_path):
+    """repeat-1 did not finish, so the run compared against is repeat-2; before, repeat-1 read
+    "repeat of horovod-2n/repeat-2"."""
+    runs = harvest.harvest([_wide_campaign(tmp_path)], query_slurm=False, now=T0 + 10_000)
+    horovod = {Path(r.run_dir).name: r.notes for r in runs
+               if r.run_dir.endswith(tuple(f"horovod-2n/repeat-{k}" for k in range(1, 6)))}
+    assert horovod["repeat-1"][-1] == "repeat 1 of 5" and horovod["repeat-3"] == ["repeat 3 of 5"]
+    assert not any("repeat of" in note for r in runs for note in r.notes)
