@@ -7,10 +7,17 @@ through hpcdp.harvest.repeats (cells_of, verdicts: the code `hpcdp harvest` runs
 bench counts:
 
   false   verdicts that call a winner "faster" that is not truly the fastest (at effect 0:
-          any "faster" call); the target is at most 5% at every n
+          any "faster" call)
+  any     verdicts that print at least one wrong claim, headline or partial: "X ahead of Y"
+          where X is not truly faster than Y by more than the band, or "X and Y equally fast"
+          (equivalent) where they truly differ by the band or more; the target is at most 5%
+          at every n (issue 36, items 8 and 9)
   power   verdicts that call the truly fastest "faster" (at effect > 0)
-  equiv   verdicts that say "equivalent" (at effect 0 that is the right answer; at 5% and
-          10% it would be wrong)
+  equiv   verdicts that say "equivalent" (at effect 0 that is the right answer)
+
+--scenarios measures the two cases of issue 36 instead, with a 95% (Wilson) interval of each
+rate: 3-7 identical strategies at CV 10% and 30% with 5 and 10 runs (any wrong claim), and four
+strategies, one truly 2% faster (the band's edge), CV 1%, 8 runs (a wrong "equivalent").
 
 Noise models, each a per-run coefficient of variation (CV): the one measured on the local
 cluster (--from a campaign folder: the median per-cell CV of its runs), or --cv, else
@@ -23,7 +30,7 @@ Prints one table per noise model and the smallest n that detects a 5% difference
 power under the measured noise.
 
     python bench/verdict_calibration.py [--from runs/smoke/compare] [--campaigns 300]
-        [--cells 4] [--seed 0]
+        [--cells 4] [--seed 0] [--scenarios]
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcdp.harvest import collect, repeats  # noqa: E402
+from hpcdp.harvest import collect, repeats, stats  # noqa: E402
 from hpcdp.harvest.table import RunResult  # noqa: E402
 
 MEASURED_CV = 0.10
@@ -90,6 +97,51 @@ def run_result(strategy: str, tokens_per_s: float, repeat: int) -> RunResult:
         steady_steps=25, malloc="tcmalloc", threads=1, cpus=1, source="/sim")
 
 
+def wrong_claims(v: dict, effect: float, band: float = stats.EQUIVALENT_WITHIN) -> int:
+    """The claims of one verdict that the truth contradicts (every 'faster' and 'equivalent'
+    comparison is printed, whatever the headline): STRATEGIES[0] is `effect` faster."""
+    def speed(cell: str) -> float:
+        return 1.0 + effect if cell.startswith(STRATEGIES[0] + " ") else 1.0
+
+    wrong = 0
+    for c in v.get("comparisons", []):
+        ratio = speed(v["fastest"]) / speed(c["other"])
+        if c["outcome"] == "faster":
+            wrong += ratio <= 1.0 + band + 1e-12
+        elif c["outcome"] == "equivalent":
+            wrong += not 1.0 / (1.0 + band) + 1e-12 < ratio < 1.0 + band - 1e-12
+    return wrong
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% interval of a rate k / n."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def scenarios(rng: random.Random, campaigns: int) -> None:
+    """Issue 36's two cases, each rate with its interval."""
+    print(f"{campaigns} simulated campaigns per row (gaussian noise); rate of campaigns with "
+          "a wrong claim, [95% interval]")
+    print("| strategies, all identical | CV | runs per cell | wrong 'ahead of' |")
+    print("|---:|---:|---:|---:|")
+    for cells in range(3, 8):
+        for cv in (0.10, 0.30):
+            for n in (5, 10):
+                k = sum(wrong_claims(campaign(rng, cells, n, 0.0, "gaussian", cv), 0.0) > 0
+                        for _ in range(campaigns))
+                low, high = wilson(k, campaigns)
+                print(f"| {cells} | {cv:.0%} | {n} | {k / campaigns:.1%} "
+                      f"[{low:.1%}, {high:.1%}] |")
+    k = sum(wrong_claims(campaign(rng, 4, 8, 0.02, "gaussian", 0.01), 0.02) > 0
+            for _ in range(campaigns))
+    low, high = wilson(k, campaigns)
+    print(f"\nfour strategies, one 2% faster (the band's edge), CV 1%, 8 runs: a wrong claim in "
+          f"{k / campaigns:.1%} [{low:.1%}, {high:.1%}] of campaigns")
+
+
 def campaign(rng: random.Random, cells: int, n: int, effect: float, model: str,
              cv: float) -> dict:
     """One simulated campaign's verdict; the first strategy is the faster one."""
@@ -109,46 +161,57 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cv", type=float,
                         help="per-run noise to simulate instead of a measured one, e.g. 0.01")
+    parser.add_argument("--scenarios", action="store_true",
+                        help="measure issue 36's two cases instead of the tables")
     args = parser.parse_args()
-    cv = args.cv if args.cv else measured_cv(args.folder) if args.folder else MEASURED_CV
     rng = random.Random(args.seed)
+    if args.scenarios:
+        scenarios(rng, args.campaigns)
+        return 0
+    cv = args.cv if args.cv else measured_cv(args.folder) if args.folder else MEASURED_CV
     print(f"{args.campaigns} simulated campaigns of {args.cells} strategies per row; noise CV "
-          f"{cv:.2%}; false: a wrong 'faster' call, power: the right one, equiv: 'equivalent'")
-    detect_5 = None
-    worst_false = 0.0
+          f"{cv:.2%}; false: a wrong winner, any: any wrong claim (headline or partial), "
+          "power: the right winner, equiv: 'equivalent'")
+    detect_5, worst = None, 0.0
     for model in ("gaussian", "heavy", "outliers"):
         print(f"\nnoise: {model} (CV {cv:.2%})")
-        head = ["n", "false@0%", "equiv@0%"] + [f"{k}@{e:.0%}" for e in EFFECTS[1:]
-                                                for k in ("power", "false")]
+        head = ["n", "false@0%", "any@0%", "equiv@0%", "any@2%"] + [
+            f"{k}@{e:.0%}" for e in EFFECTS[2:] for k in ("power", "any")]
         print("| " + " | ".join(head) + " |")
         print("|" + "---:|" * len(head))
         for n in RUNS:
             row = [str(n)]
             for effect in EFFECTS:
-                false = power = equiv = 0
-                for _ in range(args.campaigns):
-                    v = campaign(rng, args.cells, n, effect, model, cv)
-                    called = v["outcome"] == "faster"
-                    right = called and v["fastest"].startswith(STRATEGIES[0] + " ")
-                    false += called and (effect == 0.0 or not right)
-                    power += right and effect > 0.0
-                    equiv += v["outcome"] == "equivalent"
-                def share(k: int) -> str:
-                    return f"{k / args.campaigns:.1%}"
-
-                worst_false = max(worst_false, false / args.campaigns)
-                if effect == 0.0:
-                    row += [share(false), share(equiv)]
-                else:
-                    row += [share(power), share(false)]
+                counts = tally([campaign(rng, args.cells, n, effect, model, cv)
+                                for _ in range(args.campaigns)], effect)
+                share = {k: v / args.campaigns for k, v in counts.items()}
+                worst = max(worst, share["any"])
+                row += ([share["false"], share["any"], share["equiv"]] if effect == 0.0 else
+                        [share["any"]] if effect == 0.02 else [share["power"], share["any"]])
                 if model == "gaussian" and effect == 0.05 and detect_5 is None \
-                        and power >= 0.8 * args.campaigns:
+                        and share["power"] >= 0.8:
                     detect_5 = n
-            print("| " + " | ".join(row) + " |")
-    print(f"\nlargest false-call rate in any row: {worst_false:.1%} (target: at most 5%)")
+            print("| " + " | ".join(v if isinstance(v, str) else f"{v:.1%}" for v in row)
+                  + " |")
+    print(f"\nlargest rate of campaigns with any wrong claim in a row: {worst:.1%} (target: at "
+          "most 5%)")
     print("smallest n detecting a 5% difference with 80% power (gaussian noise, "
           f"{args.cells} strategies): {detect_5 if detect_5 else 'more than 10'}")
     return 0
+
+
+def tally(verdicts: list[dict], effect: float) -> dict[str, int]:
+    """How many verdicts called a wrong winner, printed any wrong claim, called the right
+    winner, said 'equivalent'."""
+    out = {"false": 0, "any": 0, "power": 0, "equiv": 0}
+    for v in verdicts:
+        called = v["outcome"] == "faster"
+        right = called and v["fastest"].startswith(STRATEGIES[0] + " ")
+        out["false"] += called and (effect == 0.0 or not right)
+        out["any"] += wrong_claims(v, effect) > 0
+        out["power"] += right and effect > 0.0
+        out["equiv"] += v["outcome"] == "equivalent"
+    return out
 
 
 if __name__ == "__main__":

@@ -537,9 +537,10 @@ class CompareConfig:
     """`hpcdp compare`: every cell of the matrix, repeated, in one allocation."""
 
     repeats: int = 5
-    """Runs of each (strategy, nodes) cell. 5: the fewest from which the exact test can call
-    one of up to six strategies faster than every other (Holm over five comparisons needs
-    p <= 0.01; 5 vs 5 runs reach 0.008); calibration in docs/compare.md."""
+    """Runs of each (strategy, nodes) cell. 5: the fewest from which the verdict can call one
+    of up to four strategies faster than every other (every pair's interval at 1 - 0.05 / 6
+    needs p <= 0.0083; 5 vs 5 runs reach 0.008); five to seven need 6 (stats.needed_repeats,
+    the table and calibration in docs/compare.md)."""
     order: Literal["shuffled", "as-listed"] = "shuffled"
     """Either way each repeat is one round of every cell. shuffled: each round in its own
     random order (one seed, recorded), so that no strategy always runs first or last;

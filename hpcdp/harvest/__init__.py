@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hpcdp import job_end, slurm
 from hpcdp.errors import UsageError, did_you_mean, one_line, positive_number
-from hpcdp.harvest import repeats
+from hpcdp.harvest import layout, repeats
 from hpcdp.harvest.read import (
     MetricsLog,
     StepColumns,
@@ -234,18 +234,20 @@ def _check_format(fmt: str) -> None:
                          f"valid: {', '.join(FORMATS)}")
 
 
-def render(result: Harvest, fmt: str) -> str:
+def render(result: Harvest, fmt: str, width: int | None = None) -> str:
+    """The harvest in `fmt`; a table within `width` characters (None: every column, as
+    table.md and table.csv have them)."""
     _check_format(fmt)
     if fmt == "table":
-        text = render_table(result.runs)
+        text = render_table(result.runs, width)
         if result.target_loss is not None:
             text += f"\n\ntarget loss for 'time to target': {result.target_loss:.4f}"
         for line in baseline_lines(result.runs):
             text += f"\n{line}"
-        return text + _campaign_text(result, markdown=False) + "\n"
+        return layout.wrap_text(text + _campaign_text(result, False, width), width) + "\n"
     if fmt == "markdown":
         text = render_markdown(result.runs, result.target_loss)
-        return text + _campaign_text(result, markdown=True) + "\n"
+        return text + _campaign_text(result, True) + "\n"
     if fmt == "csv":
         return render_csv(result.runs)
     return render_json(result.runs, result.target_loss, result.accounting,
@@ -253,14 +255,14 @@ def render(result: Harvest, fmt: str) -> str:
                        verdict=result.verdicts, baseline=result.baseline)
 
 
-def _campaign_text(result: Harvest, markdown: bool) -> str:
+def _campaign_text(result: Harvest, markdown: bool, width: int | None = None) -> str:
     """Under the per-run table: the network baseline and the cells over repeats, if any."""
     text = ""
     if result.baseline:
-        text += "\n\n" + repeats.render_baseline(result.baseline, markdown)
+        text += "\n\n" + repeats.render_baseline(result.baseline, markdown, width)
     if repeats.has_repeats(result.cells):
         text += "\n\n" + repeats.render_text(result.cells, markdown, result.campaigns,
-                                                   result.verdicts)
+                                                   result.verdicts, width)
     return text
 
 
@@ -314,6 +316,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-slurm", action="store_true",
                         help="do not ask squeue/sacct; states come from the metrics files")
     parser.add_argument("--no-plots", action="store_true", help="with --out: skip the PNGs")
+    parser.add_argument("--wide", action="store_true",
+                        help="print every column of the tables, however wide (default: the "
+                             "columns that fit the terminal, COLUMNS; a file or pipe gets all)")
     parser.add_argument("--to", nargs=2, metavar=("TRACKER", "DIR"),
                         help="also export the runs into a tracker under DIR: tensorboard (event "
                              "files) or mlflow (a file store); runs already there are skipped")
@@ -334,7 +339,7 @@ def main(args: argparse.Namespace) -> int:
     if result.accounting.get("available") is False:
         print(f"hpcdp: Slurm accounting unavailable ({result.accounting['message']}); "
               "states of ended jobs come from the metrics files", file=sys.stderr)
-    sys.stdout.write(render(result, fmt))
+    sys.stdout.write(render(result, fmt, None if args.wide else layout.terminal_width()))
     if args.out:
         for path in write_outputs(result, Path(args.out), plots=not args.no_plots):
             print(f"wrote {path}", file=sys.stderr)

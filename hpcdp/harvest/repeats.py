@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcdp import strategies as registry
-from hpcdp.harvest import stats
+from hpcdp.harvest import layout, stats
 from hpcdp.harvest.table import (
     BASELINE_PRECISION,
     BASELINE_STRATEGY,
@@ -357,45 +357,55 @@ MEMORY_TRADE_BELOW = 0.9
 memory: the verdict names it (the reason to shard: docs/compare.md)."""
 
 
+def _memory_reference(cell: Cell, group: list[Cell], lead: Cell | None) -> Cell | None:
+    """The unsharded strategy the cell shards (the registry's shards_state_of: fsdp against
+    DDP) in the same precision, transport and world, where the group has it, else the
+    throughput leader: a bf16 DDP cell holds half of fp32's state, so against it an fp32 fsdp
+    cell's sharding would look like nothing (issue 36, item 10)."""
+    spec = registry.find(cell.strategy) if cell.strategy else None
+    alike = [o for o in group if spec and o.strategy == spec.shards_state_of
+             and not o.loss_failure and (o.precision, o.communication, o.world_size)
+             == (cell.precision, cell.communication, cell.world_size)]
+    return alike[0] if alike else lead
+
+
 def memory_trades(group: list[Cell], leader: str | None) -> list[str]:
     """'fsdp 2n: 0.55x distributed-ps 2n's memory per rank (state 0.50x) at 0.93x its
-    throughput', for each cell that holds clearly less per rank than its reference (medians
-    of the runs; what the memory was measured as is in the table's mem/rank column). The
-    reference is the unsharded strategy the cell shards (the registry's shards_state_of:
-    fsdp against DDP, in the same precision) where the group has it, else the throughput
-    leader."""
-    by_strategy = {c.strategy: c for c in group}
+    throughput (0.92x-0.94x)', for each cell that holds clearly less per rank than its
+    reference (_memory_reference; medians of the runs, the throughput ratio with its 95%
+    interval, as the table's speed-up). A cell that failed loss parity is no trade: it trained
+    other maths."""
     lead = next((c for c in group if c.name == leader), None)
     trades = []
     for c in group:
-        spec = registry.find(c.strategy) if c.strategy else None
-        ref = by_strategy.get(spec.shards_state_of if spec else None) or lead
-        if (ref is None or c is ref or not ref.memory_gb or not ref.median
+        ref = _memory_reference(c, group, lead)
+        if (ref is None or c is ref or c.loss_failure or not ref.memory_gb or not ref.median
                 or c.memory_gb is None or c.memory_gb >= MEMORY_TRADE_BELOW * ref.memory_gb):
             continue
         state = (f" (state {c.state_gb / ref.state_gb:.2f}x)"
                  if c.state_gb is not None and ref.state_gb else "")
+        speed = stats.ratio_effect(c.values(), ref.values())
+        span = speed.interval.text(lambda v: f"{v:.2f}x")
         trades.append(f"{c.name}: {c.memory_gb / ref.memory_gb:.2f}x {ref.name}'s memory per "
-                      f"rank{state} at {c.median / ref.median:.2f}x its throughput")
+                      f"rank{state} at {speed.ratio:.2f}x its throughput ({span})")
     return trades
 
 
 def _comparison(c: stats.Comparison) -> dict:
-    return {"other": c.other, "p": c.p, "p_holm": c.p_holm, "outcome": c.outcome,
-            "ratio": c.effect.ratio, "interval": _interval(c.effect.interval),
-            "equivalence_interval": _interval(c.equivalence)}
+    return {"other": c.other, "p": c.p, "p_adjusted": c.p_adjusted, "outcome": c.outcome,
+            "ratio": c.effect.ratio, "interval": _interval(c.effect.interval)}
 
 
 def _mark(group: list[Cell], v: stats.Verdict) -> None:
-    """Each cell's word against the leader, for the table's last column."""
-    words = {"faster": "slower", "equivalent": "equivalent", "undecided": "not told apart"}
+    """Each cell's word against the leader, with its gap, for the table's last column."""
+    words = {"faster": "slower", "equivalent": "equally fast", "undecided": "can't tell"}
     by_name = {c.other: c for c in v.comparisons}
     for cell in group:
         if cell.name == v.fastest:
             cell.vs_fastest = "leader" if v.comparisons else "-"
         elif cell.name in by_name:
             c = by_name[cell.name]
-            cell.vs_fastest = f"{words[c.outcome]} (p={c.p_holm:.2g})"
+            cell.vs_fastest = f"{words[c.outcome]} ({1.0 / c.effect.ratio - 1.0:+.1%})"
 
 
 def has_repeats(cells: list[Cell]) -> bool:
@@ -434,15 +444,22 @@ def _row(c: Cell) -> list[str]:
             c.vs_fastest or "-"]
 
 
-def _grid(rows: list[list[str]], markdown: bool) -> list[str]:
-    """Rows as a markdown table or aligned text (first and last column left, others right)."""
+CELL_PRIORITY = (0, 1, 2, 3, 11, 4, 5, 9, 10, 6, 7, 8)
+"""COLUMNS by importance, for a narrow terminal: cell, runs, median, interval, vs leader,
+speed-up, scaling, memory; the communication columns last."""
+
+
+def _grid(rows: list[list[str]], markdown: bool, width: int | None = None,
+          priority: tuple[int, ...] | None = None) -> list[str]:
+    """Rows as a markdown table or aligned text (first and last column left, others right),
+    within `width` the columns that fit by `priority` (layout.fit)."""
     n = len(rows[0])
     if markdown:
         return (["| " + " | ".join(rows[0]) + " |", "|---|" + "---:|" * (n - 2) + "---|"]
                 + ["| " + " | ".join(row) + " |" for row in rows[1:]])
-    widths = [max(len(row[i]) for row in rows) for i in range(n)]
-    return ["  ".join(cell.ljust(w) if i in (0, n - 1) else cell.rjust(w)
-                      for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
+    lines, dropped = layout.fit(rows, width, left={0, n - 1},
+                                priority=list(priority) if priority else None)
+    return lines + ([layout.left_out(dropped, width)] if dropped and width else [])
 
 
 BASELINE_COLUMNS = ("transport", "nodes", "world", "size", "", "median ms", "algbw GB/s",
@@ -456,7 +473,8 @@ def _size(nbytes: float) -> str:
     return f"{nbytes / 1024:.1f} KiB"
 
 
-def render_baseline(baseline: list[dict], markdown: bool = False) -> str:
+def render_baseline(baseline: list[dict], markdown: bool = False,
+                    width: int | None = None) -> str:
     """The network baseline: per campaign, transport and world, every message size of the
     probe at the campaign's start and, where it ran, at its end (their busbw's drift)."""
     probes: dict[tuple, dict] = {}
@@ -489,7 +507,7 @@ def render_baseline(baseline: list[dict], markdown: bool = False) -> str:
                 rows.append(row)
         if len(campaigns) > 1:
             lines += ["", f"{campaign or 'outside a campaign'}:"]
-        lines += ["", *_grid(rows, markdown)]
+        lines += ["", *_grid(rows, markdown, width)]
     title = ("Network baseline (all-reduce per message size: median of the timed iterations, "
              "each the slowest rank's; busbw = algbw x 2(n-1)/n as nccl-tests"
              + ("; drift: end of the campaign against its start" if with_end else "") + "):")
@@ -516,11 +534,16 @@ def _shown(source: str) -> str:
     return source if shown.startswith("..") else shown
 
 
+VERDICT_LEGEND = ("Verdict (each gap: the leader's median over the other cell's, with its "
+                  "interval; the intervals of all pairs hold together with 95% confidence, a "
+                  "'range' where too few runs allow that; how: docs/compare.md):")
+
+
 def render_text(cells: list[Cell], markdown: bool = False,
                 campaigns: dict[str, dict] | None = None,
-                decided: list[dict] | None = None) -> str:
+                decided: list[dict] | None = None, width: int | None = None) -> str:
     """Per source: the per-cell table and its verdict lines (decided: verdicts(cells), which
-    also fills each cell's vs_fastest)."""
+    also fills each cell's vs_fastest); within `width`, the columns that fit."""
     campaigns = campaigns or {}
     decided = verdicts(cells) if decided is None else decided
     sources = list(dict.fromkeys(c.source for c in cells))
@@ -535,7 +558,8 @@ def render_text(cells: list[Cell], markdown: bool = False,
     for source in sources:
         mine = [c for c in cells if c.source == source]
         lines += ["", f"Source: {source_label(source, campaigns.get(source))}", ""]
-        lines += _grid([list(COLUMNS)] + [_row(c) for c in mine], markdown)
-        lines += ["", "Verdict:"] + [f"- {v['text']}" for v in decided
-                                      if v["source"] == source]
+        lines += _grid([list(COLUMNS)] + [_row(c) for c in mine], markdown, width,
+                       CELL_PRIORITY)
+        lines += ["", VERDICT_LEGEND] + [f"- {v['text']}" for v in decided
+                                         if v["source"] == source]
     return "\n".join(lines)

@@ -11,9 +11,9 @@ distribution-free, and says when n is too small to reach its level:
     ratio_effect(x, y)                 Hodges-Lehmann ratio x/y with its exact (Moses) interval
     exact_p(x, y)                      two-sided exact Mann-Whitney p (scipy.stats)
     min_p(n_x, n_y)                    the smallest p that test can give at these sizes
-    holm(pvalues)                      Holm's step-down adjustment
-    decide(cells, nodes, ...)          the verdict of one node count: the fastest cell against
-                                       every other, corrected for the comparisons made
+    family_level(cells)                each pair's confidence, so that all pairs hold at once
+    decide(cells, nodes, ...)          the verdict of one node count: the leader against every
+                                       other cell, each claim corrected over every pair
 
 scipy.stats is imported only by exact_p/min_p, so that the CLI starts fast. Calibration (false
 calls and power per n, simulated through this code): bench/verdict_calibration.py, table in
@@ -30,7 +30,8 @@ from functools import cache
 LEVEL = 0.95
 """Confidence of reported intervals."""
 ALPHA = 0.05
-"""Family-wise error of a verdict: the chance of calling a winner among equals."""
+"""Family-wise error of a verdict: the chance that any claim it prints (ahead of,
+equivalent; headline or partial) is wrong."""
 EQUIVALENT_WITHIN = 0.02
 """Default equivalence band (compare.equivalent_within): ratios within 1 +- this are 'no
 practical difference'."""
@@ -185,32 +186,37 @@ def ratio_effect(x: Sequence[float], y: Sequence[float], level: float = LEVEL) -
     return Effect(estimate, interval)
 
 
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (in input order): reject where adjusted <= alpha, and
-    the chance of any false rejection stays <= alpha whatever the dependence."""
-    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
-    m, running, out = len(pvalues), 0.0, [1.0] * len(pvalues)
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * pvalues[i]))
-        out[i] = running
-    return out
-
-
 # --- the verdict of one node count ------------------------------------------------------------
+
+def pairs(cells: int) -> int:
+    """The claims a verdict could print: one per pair of cells. The leader is chosen from the
+    data, so any pair could end up compared; correcting over the leader's own comparisons alone
+    let identical cells read "X ahead of Y" in up to 9% of campaigns (issue 36, item 8)."""
+    return max(1, cells * (cells - 1) // 2)
+
+
+def family_level(cells: int, alpha: float = ALPHA) -> float:
+    """Confidence of each pair's interval (Bonferroni over every pair): with probability at
+    least 1 - alpha all the pairs' intervals hold at once, so every claim read off them (ahead,
+    equivalent, headline or partial) is wrong in at most alpha of verdicts together."""
+    return 1.0 - alpha / pairs(cells)
+
 
 @dataclass(frozen=True)
 class Comparison:
-    """The fastest cell against one other."""
+    """The leader against one other cell."""
 
     other: str
     p: float
-    p_holm: float
+    """Exact two-sided p of the pair (Mann-Whitney), for reference."""
+    p_adjusted: float
+    """min(1, p x pairs): Bonferroni over every pair, the test the interval below is dual to."""
     effect: Effect
-    """fastest / other."""
-    equivalence: Interval
-    """The (1 - 2 alpha) interval of the ratio: inside the band means equivalent (TOST)."""
+    """leader / other: the ratio of their medians (the figure the table shows, so a leader
+    never trails a cell it leads) with the pair's Moses interval at family_level."""
     outcome: str
-    """'faster' (significant, beyond the band), 'equivalent' (inside the band), 'undecided'."""
+    """'faster': the interval lies above 1 + band; 'equivalent': inside 1 +- band;
+    'undecided': neither (or too few runs for an interval at that level)."""
 
 
 @dataclass(frozen=True)
@@ -233,12 +239,10 @@ class Verdict:
 
 
 def needed_repeats(cells: int, alpha: float = ALPHA, limit: int = 50) -> int | None:
-    """Runs per cell from which the fastest of `cells` can be called faster than every other:
-    completely separated runs give every comparison min_p(n, n), and Holm then needs
-    min_p(n, n) <= alpha / (cells - 1)."""
-    comparisons = max(1, cells - 1)
+    """Runs per cell from which a call is possible among `cells`: completely separated runs
+    give a pair's interval the confidence 1 - min_p(n, n), and it must reach family_level."""
     for n in range(2, limit + 1):
-        if min_p(n, n) <= alpha / comparisons:
+        if min_p(n, n) <= alpha / pairs(cells):
             return n
     return None
 
@@ -255,12 +259,11 @@ def decide(cells: Mapping[str, Sequence[float]], nodes: int, *, alpha: float = A
            equivalent_within: float = EQUIVALENT_WITHIN,
            excluded: Mapping[str, str] | None = None,
            unsettled: Mapping[str, str] | None = None) -> Verdict:
-    """cells: name -> per-run tokens/s (higher is better). The fastest eligible cell (highest
-    median; ties by name) is compared with every other cell by exact_p, Holm-corrected over
-    those comparisons. It is 'faster' only where the correction still rejects and the effect's
-    interval lies beyond the equivalence band; 'equivalent' where the (1 - 2 alpha) interval of
-    the ratio lies inside the band (two one-sided tests). excluded: cells that may not win
-    (name -> reason); unsettled: cells with unsettled runs (name -> which)."""
+    """cells: name -> per-run tokens/s (higher is better). The eligible cell with the highest
+    median leads; it is compared with every other cell through the pair's interval at
+    family_level (all pairs at once hold with 1 - alpha): 'faster' where it lies above
+    1 + equivalent_within, 'equivalent' where it lies inside the band. excluded: cells that may
+    not win (name -> reason); unsettled: cells with unsettled runs (name -> which)."""
     if not cells:
         raise ValueError("no cells to compare")
     if nodes < 1:
@@ -272,14 +275,7 @@ def decide(cells: Mapping[str, Sequence[float]], nodes: int, *, alpha: float = A
     where = _nodes_phrase(nodes)
     ranked = sorted(data, key=lambda name: (-_median_of(sorted(data[name])), name))
     eligible = [name for name in ranked if name not in excluded]
-    notes = [f"{name} may not win: {why}" for name, why in excluded.items() if name in data]
-    shaky = [name for name in ranked if name in unsettled]
-    if len(shaky) == 1:
-        notes.append(f"unsettled runs in {shaky[0]}: {unsettled[shaky[0]]}")
-    elif shaky:  # one clause, however many cells: the verdict stays readable
-        notes.append(f"unsettled runs in {len(shaky)} of {len(data)} cells, e.g. {shaky[0]}: "
-                     f"{unsettled[shaky[0]]}")
-    tail = "".join(f"; {n}" for n in notes)
+    tail = "".join(f"; {n}" for n in _notes(data, ranked, excluded, unsettled))
     if not eligible:
         return Verdict(ranked[0], "undecided", [], f"no cell on {where} may win{tail}",
                        excluded=excluded, unsettled=unsettled)
@@ -294,70 +290,78 @@ def decide(cells: Mapping[str, Sequence[float]], nodes: int, *, alpha: float = A
                    excluded=excluded, unsettled=unsettled)
 
 
+def _notes(data: dict, ranked: list[str], excluded: dict[str, str],
+           unsettled: dict[str, str]) -> list[str]:
+    """What the line adds after the verdict: who may not win, whose runs did not settle."""
+    notes = [f"{name} may not win: {why}" for name, why in excluded.items() if name in data]
+    shaky = [name for name in ranked if name in unsettled]
+    if len(shaky) == 1:
+        notes.append(f"unsettled runs in {shaky[0]}: {unsettled[shaky[0]]}")
+    elif shaky:  # one clause, however many cells: the verdict stays readable
+        notes.append(f"unsettled runs in {len(shaky)} of {len(data)} cells, e.g. {shaky[0]}: "
+                     f"{unsettled[shaky[0]]}")
+    return notes
+
+
 def _compare_all(data: dict[str, list[float]], best: str, others: list[str], alpha: float,
                  equivalent_within: float) -> list[Comparison]:
-    """The leader against each other cell: exact p, Holm over all of them, effect, outcome."""
-    raw = [exact_p(data[best], data[o]) for o in others]
+    """The leader against each other cell, each read off its interval at family_level."""
+    level, m = family_level(len(data), alpha), pairs(len(data))
     low_band, high_band = 1.0 / (1.0 + equivalent_within), 1.0 + equivalent_within
+    lead = _median_of(sorted(data[best]))
     comparisons = []
-    for other, p, p_adj in zip(others, raw, holm(raw)):
-        effect = ratio_effect(data[best], data[other])
-        tost = ratio_effect(data[best], data[other], level=1.0 - 2.0 * alpha).interval
-        if tost.attained and low_band < tost.low and tost.high < high_band:
+    for other in others:
+        iv = ratio_effect(data[best], data[other], level=level).interval
+        if iv.attained and low_band < iv.low and iv.high < high_band:
             outcome = "equivalent"
-        elif p_adj <= alpha and effect.ratio > 1.0 and effect.interval.low > high_band:
+        elif iv.attained and iv.low > high_band:
             outcome = "faster"
         else:
             outcome = "undecided"
-        comparisons.append(Comparison(other, p, p_adj, effect, tost, outcome))
+        p = exact_p(data[best], data[other])
+        effect = Effect(lead / _median_of(sorted(data[other])), iv)
+        comparisons.append(Comparison(other, p, min(1.0, p * m), effect, outcome))
     return comparisons
 
 
-def _said(c: Comparison) -> str:
-    """'horovod 2n +9.9% [+8.8%, +11.1%], p=0.000155' (the range where n is too small)."""
+def _gap(c: Comparison) -> str:
+    """'horovod 2n (+9.9%, +8.8% to +11.1%)'; where too few runs allow no interval at the
+    family's level: 'range ...', the widest the runs give."""
     iv = c.effect.interval
-    bounds = f"[{_percent(iv.low)}, {_percent(iv.high)}]"
-    if not iv.attained:
-        bounds = f"range {bounds} ({iv.level:.0%})"
-    return f"{c.other} {_percent(c.effect.ratio)} {bounds}, p={c.p_holm:.3g}"
+    span = f"{_percent(iv.low)} to {_percent(iv.high)}"
+    return f"{c.other} ({_percent(c.effect.ratio)}, {span if iv.attained else 'range ' + span})"
 
 
 def _headline(data: dict[str, list[float]], best: str, comparisons: list[Comparison],
               where: str, alpha: float, equivalent_within: float
               ) -> tuple[str, str, int | None]:
-    """(outcome, sentence, runs per cell needed for a call) from the comparisons."""
-    m = len(comparisons)
+    """(outcome, sentence, runs per cell needed for a call) from the comparisons. Every
+    'faster' and 'equivalent' comparison is said, whatever the headline: each is a claim."""
     n_runs = min(len(v) for v in data.values())
     need = needed_repeats(len(data), alpha)
-    possible = any(min_p(len(data[best]), len(data[c.other])) <= alpha / m for c in comparisons)
-    equiv_possible = any(c.equivalence.attained for c in comparisons)
-    correction = f", Holm over {m}" if m > 1 else ""
     band = f"{equivalent_within:.0%}"
     ahead = [c for c in comparisons if c.outcome == "faster"]
     alike = [c for c in comparisons if c.outcome == "equivalent"]
     open_ = [c for c in comparisons if c.outcome == "undecided"]
-    method = f"exact Mann-Whitney{correction}, {len(data[best])} runs"
+    said_ahead = "ahead of " + ", ".join(map(_gap, ahead))
     if not open_ and not alike:
-        return "faster", (f"{best} is fastest on {where}: ahead of "
-                          + "; ".join(map(_said, ahead)) + f" ({method})"), need
+        return "faster", f"{best} is fastest on {where}: {said_ahead}", need
     if not open_:
-        names = ", ".join([best] + [c.other for c in alike])
-        text = f"{names} are equivalent on {where} (90% interval of each ratio within {band})"
-        if ahead:
-            text += f"; {best} is ahead of " + "; ".join(map(_said, ahead)) + f" ({method})"
-        return "equivalent", text, need
-    if not possible and not equiv_possible:
+        text = (f"{best} and {', '.join(c.other for c in alike)} are equally fast on {where} "
+                f"(within {band}: " + ", ".join(map(_gap, alike)) + ")")
+        return "equivalent", text + (f"; {best} is {said_ahead}" if ahead else ""), need
+    if not any(c.effect.interval.attained for c in comparisons):
         return "too few repeats", (
-            f"too few repeats to call on {where}: {n_runs} run(s) per cell can reach no "
-            f"p <= {alpha:g}{correction}; {need} needed (median leader {best})"), need
-    text = f"no winner on {where}: {best} leads"
+            f"too few repeats to call on {where}: {n_runs} run(s) per cell cannot tell "
+            f"{len(data)} strategies apart; {need} needed (highest median: {best})"), need
+    text = f"no winner on {where}: {best} has the highest median"
     if ahead:
-        text += "; ahead of " + "; ".join(map(_said, ahead))
+        text += f"; {said_ahead}"
     if alike:
-        text += f"; equivalent within {band} to " + ", ".join(c.other for c in alike)
-    text += "; not told apart from " + "; ".join(map(_said, open_))
+        text += f"; equally fast (within {band}) as " + ", ".join(map(_gap, alike))
+    text += "; could not tell apart from " + ", ".join(map(_gap, open_))
     if need is not None and n_runs < need:
-        text += f" ({need} runs per cell make a call possible)"
+        text += f"; {need} runs per cell make a call possible"
     return "undecided", text, need
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hpcdp import strategies
 from hpcdp.config import TrainConfig
-from hpcdp.harvest import stats
+from hpcdp.harvest import layout, stats
 from hpcdp.harvest.read import MetricsLog
 
 # For headers without a config: what the trainer would have used.
@@ -367,21 +367,30 @@ def fill_comparisons(results: list[RunResult], target_loss: float | None,
     return first_target
 
 
-def _fill_group(group: list[RunResult], target_loss: float | None, name_of) -> float | None:
+def _label_alike(group: list[RunResult], name_of) -> None:
+    """A note on runs of one configuration: a campaign's repeats numbered, a retried attempt
+    named, other duplicates pointed at the run compared against."""
     same: dict[tuple, list[RunResult]] = {}
     for r in group:
         same.setdefault((r.strategy, r.nodes, r.world_size, r.precision, r.communication),
                         []).append(r)
     for runs in same.values():
         chosen = _preferred(runs)
+        repeats = [r for r in runs if _repeat_number(r) is not None]
         for r in runs:
             name = Path(r.run_dir).name
             if ".failed" in name:  # hpcdp compare set a failed attempt aside and retried it
                 retry = Path(r.run_dir).with_name(name.split(".failed")[0])
                 r.notes.append(f"failed attempt, retried as {retry.name}; not a repeat")
-            elif r is not chosen:  # a campaign's repeats are meant to be alike
-                what = "repeat of" if name.startswith("repeat-") else "same configuration as"
-                r.notes.append(f"{what} {name_of(chosen)}")
+            elif _repeat_number(r) is not None:  # a campaign's repeats are peers: numbered,
+                # none "a repeat of" another (repeat-1 read "repeat of .../repeat-2")
+                r.notes.append(f"repeat {_repeat_number(r)} of {len(repeats)}")
+            elif r is not chosen:
+                r.notes.append(f"same configuration as {name_of(chosen)}")
+
+
+def _fill_group(group: list[RunResult], target_loss: float | None, name_of) -> float | None:
+    _label_alike(group, name_of)
     measured = [r for r in group if r.tokens_per_s is not None]
     baselines = [r for r in measured if r.nodes == 1 and r.strategy == BASELINE_STRATEGY
                  and r.precision == BASELINE_PRECISION]
@@ -425,6 +434,13 @@ def _fill_group(group: list[RunResult], target_loss: float | None, name_of) -> f
                     r.time_to_target_s, r.step_to_target = r.curve_time_s[i], r.curve_step[i]
                     break
     return first
+
+
+def _repeat_number(r: RunResult) -> int | None:
+    """k of a campaign's <cell>/repeat-<k> folder, else None."""
+    name = Path(r.run_dir).name
+    number = name.removeprefix("repeat-")
+    return int(number) if name.startswith("repeat-") and number.isdigit() else None
 
 
 LOSS_PARITY_RTOL = 0.01
@@ -541,21 +557,28 @@ def _columns(results: list[RunResult]) -> list[tuple[str, str]]:
     return [c for c in COLUMNS if c[0] != "experiment"]
 
 
-def render_table(results: list[RunResult]) -> str:
-    """Plain text, aligned columns (the terminal default)."""
+RIGHT = {"nodes", "world_size", "global_batch", "steps", "tokens_per_s", "tokens_per_elapsed_s",
+         "step_time_ms", "speedup", "scaling_efficiency", "efficiency_vs_single",
+         "time_to_target_s", "final_loss", "final_val_loss", "peak_mem_gb", "state_gb", "mfu"}
+NARROW_PRIORITY = ("strategy", "nodes", "world_size", "precision", "state", "tokens_per_s",
+                   "speedup", "scaling_efficiency", "final_loss", "peak_mem_gb", "step_time_ms",
+                   "communication", "steps", "experiment", "global_batch", "efficiency_vs_single",
+                   "time_to_target_s", "state_gb", "final_val_loss", "tokens_per_elapsed_s",
+                   "mfu")
+"""Which columns a narrow terminal keeps first; notes are always kept, wrapped, last."""
+
+
+def render_table(results: list[RunResult], width: int | None = None) -> str:
+    """Plain text, aligned columns (the terminal default); within `width` characters the
+    columns that fit (NARROW_PRIORITY) and the notes wrapped, else every column."""
     cols = _columns(results)
-    rows = [[title for _, title in cols]] + [[_cell(r, name) for name, _ in cols] for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    right = {"nodes", "world_size", "global_batch", "steps", "tokens_per_s",
-             "tokens_per_elapsed_s", "step_time_ms",
-             "speedup", "scaling_efficiency", "efficiency_vs_single", "time_to_target_s",
-             "final_loss", "final_val_loss", "peak_mem_gb", "state_gb", "mfu"}
-    out = []
-    for row in rows:
-        cells = [(c.rjust(w) if name in right else c.ljust(w))
-                 for c, w, (name, _) in zip(row, widths, cols)]
-        out.append("  ".join(cells).rstrip())
-    return "\n".join(out)
+    names = [name for name, _ in cols]
+    rows = [[title for _, title in cols]] + [[_cell(r, name) for name in names] for r in results]
+    lines, dropped = layout.fit(rows, width, left={i for i, n in enumerate(names)
+                                                   if n not in RIGHT},
+                                priority=[names.index(n) for n in NARROW_PRIORITY if n in names],
+                                wrap=names.index("notes"))
+    return "\n".join(lines + ([layout.left_out(dropped, width)] if dropped and width else []))
 
 
 def render_markdown(results: list[RunResult], target_loss: float | None = None) -> str:

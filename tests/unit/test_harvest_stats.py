@@ -67,18 +67,11 @@ def test_exact_p_handles_ties_by_permutation():
     assert stats.exact_p([5.0, 5.0], [5.0, 5.0]) == pytest.approx(1.0)
 
 
-def test_holm_adjusts_step_down_and_keeps_input_order():
-    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
-    assert stats.holm([0.5]) == [0.5]
-    assert stats.holm([0.4, 0.4, 0.4]) == pytest.approx([1.0, 1.0, 1.0])
-
-
-def test_needed_repeats_come_from_the_test_and_the_number_of_cells():
-    # two cells: one comparison, 4 vs 4 reaches 0.029; six cells: 5 comparisons, 0.05 / 5
-    # needs 5 vs 5 (0.0079)
-    assert stats.needed_repeats(2) == 4
-    assert stats.needed_repeats(6) == 5
-    assert stats.needed_repeats(20) == 6
+def test_needed_repeats_come_from_the_test_and_the_number_of_pairs():
+    # two cells: one pair, 4 vs 4 reaches 0.029; four cells: 6 pairs, 0.05 / 6 needs 5 vs 5
+    # (0.0079); six cells: 15 pairs, 0.0033 needs 6 vs 6 (0.0022); eight: 28 pairs, 7 vs 7
+    assert [stats.needed_repeats(k) for k in (2, 3, 4, 5, 6, 7, 8)] == [4, 5, 5, 6, 6, 6, 7]
+    assert stats.pairs(4) == 6 and stats.family_level(4) == pytest.approx(1 - 0.05 / 6)
 
 
 # --- the effect: Hodges-Lehmann ratio with its exact interval --------------------------------
@@ -137,7 +130,7 @@ def test_a_ten_percent_difference_at_eight_quiet_runs_is_called_with_its_p_value
     (c,) = v.comparisons
     assert c.p == pytest.approx(2 / math.comb(16, 8))  # completely separated, 8 vs 8
     assert c.effect.ratio == pytest.approx(1.1, rel=0.02)
-    assert "ddp is fastest on 2 nodes" in v.text and "p=" in v.text
+    assert v.text.startswith("ddp is fastest on 2 nodes: ahead of horovod (+")
 
 
 def test_quiet_runs_within_the_band_are_equivalent():
@@ -145,19 +138,21 @@ def test_quiet_runs_within_the_band_are_equivalent():
     a = [1000.0 * (1 + rng.gauss(0, 0.002)) for _ in range(6)]
     b = [1003.0 * (1 + rng.gauss(0, 0.002)) for _ in range(6)]
     v = stats.decide({"single-gpu 1n": a, "distributed-ps 1n": b}, nodes=1)
-    assert v.outcome == "equivalent" and "equivalent on 1 node" in v.text
+    assert v.outcome == "equivalent" and "equally fast on 1 node (within 2%" in v.text
     # the same data with no band cannot be equivalent
     assert stats.decide({"a": a, "b": b}, nodes=1, equivalent_within=0.0).outcome != \
         "equivalent"
 
 
-def test_the_winner_is_tested_against_every_cell_with_holm():
+def test_the_winner_is_tested_against_every_cell_corrected_over_every_pair():
     fast = [120.0, 121.0, 122.0, 123.0, 124.0]
     v = stats.decide({"a": fast, "b": [100.0, 101.0, 102.0, 103.0, 104.0],
                       "c": [50.0, 51.0, 52.0, 53.0, 54.0]}, nodes=1)
     assert [c.other for c in v.comparisons] == ["b", "c"]
-    assert all(c.p_holm == pytest.approx(2 * 2 / 252) for c in v.comparisons)
-    assert v.outcome == "faster" and "Holm over 2" in v.text
+    # three cells, three pairs: each interval at 1 - 0.05 / 3, Bonferroni's p beside it
+    assert all(c.p_adjusted == pytest.approx(3 * 2 / 252) for c in v.comparisons)
+    assert all(c.effect.interval.level >= 1 - 0.05 / 3 for c in v.comparisons)
+    assert v.outcome == "faster" and "p=" not in v.text
 
 
 def test_a_cell_that_fails_loss_parity_cannot_win_and_is_named():
