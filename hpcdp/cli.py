@@ -218,9 +218,8 @@ def _check_run_folders_visible(run_dirs: list[Path], profile: config.ClusterProf
     says which nodes they are."""
     from hpcdp import shared_fs, slurm
 
-    addresses = None
+    addresses = slurm.partition_node_addresses(profile.partition) if run_dirs else None
     for run_dir in run_dirs:
-        addresses = addresses or slurm.partition_node_addresses(profile.partition)
         why = shared_fs.problem(run_dir, addresses)
         if why:
             raise UsageError(why)
@@ -308,14 +307,12 @@ def _why_ended(record: dict, state: str, exit_code: int | None = None) -> str | 
 
     if state == "COMPLETED":
         return None
-    log = Path(record["log"])
-    # FAILED: it ran (a job cancelled while pending has no log either)
-    if exit_code == shared_fs.NOT_VISIBLE_EXIT or (state == "FAILED" and not log.exists()):
-        certain = exit_code == shared_fs.NOT_VISIBLE_EXIT
-        return (f"{'the' if certain else 'no log at ' + str(log) + '; the'} node(s) "
-                f"{'could' if certain else 'may'} not see the run folder {record['run_dir']} "
-                "(a folder on this machine's own disk, such as /tmp?): give --out a folder on "
-                "a filesystem the nodes share")
+    log, run_dir = Path(record["log"]), record["run_dir"]
+    if exit_code == shared_fs.NOT_VISIBLE_EXIT:  # the job script's own check on the node
+        return f"the node(s) could not see the run folder {run_dir} {shared_fs.WAY_OUT}"
+    if state == "FAILED" and not log.exists():  # FAILED: it ran (a cancelled pending job has none)
+        return f"no log at {log}; the node(s) may not see the run folder {run_dir} " \
+               f"{shared_fs.WAY_OUT}"
     why = job_end.why_failed(log, state)
     return f"{why} (see {log})" if why else None
 

@@ -16,6 +16,8 @@ from pathlib import Path
 NOT_VISIBLE_EXIT = 66
 """The job script's exit code when its node cannot see the run folder (sysexits' EX_NOINPUT)."""
 
+WAY_OUT = ("(a folder on this machine's own disk, such as /tmp?): give --out a folder on a "
+           "filesystem the nodes share")
 MEMORY_FILESYSTEMS = {"tmpfs", "ramfs"}
 NODE_LOCAL_PATHS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 """Folders every machine has its own of, whatever the filesystem below them."""

@@ -155,7 +155,7 @@ def test_all_real_runs_together_with_plots(real_runs, tmp_path, capsys):
     out = tmp_path / "report"
     args = type("Args", (), {"paths": [str(real_runs["completed"].parent)], "format": "csv",
                              "out": str(out), "target_loss": None, "no_slurm": True,
-                             "no_plots": False, "to": None})()
+                             "no_plots": False, "to": None, "wide": False})()
     assert harvest.main(args) == 0
     csv_text = capsys.readouterr().out
     assert len(csv_text.splitlines()) == 1 + 3

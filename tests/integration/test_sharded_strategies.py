@@ -214,7 +214,7 @@ def test_sharded_cells_run_in_a_campaign_beside_ddp(slurm_cluster, tmp_path):
                for r in runs_json), runs_json
     state = {s: by_strategy[s]["state_gb"] for s in strategies}
     assert state["fsdp"] < state["hsdp"] < state["zero1"] < state["distributed-ps"], state
-    table = subprocess.run([sys.executable, "-m", "hpcdp", "harvest", str(folder)],
+    table = subprocess.run([sys.executable, "-m", "hpcdp", "harvest", str(folder), "--wide"],
                            capture_output=True, text=True, timeout=120)
     assert table.returncode == 0 and "state/rank GB" in table.stdout, table.stdout
 
