@@ -193,12 +193,20 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
         return code
     except UsageError as exc:
         if str(exc):  # AlreadySaid: another rank said it
-            print(f"error: {one_line(str(exc))}", file=sys.stderr)
+            say_error(f"error: {one_line(str(exc))}")
         return exc.exit_code
     except Exception as exc:
         if not _said_a_peer_is_gone(exc):
             raise
         return 1
+
+
+def say_error(line: str) -> None:
+    """`line` to stderr in one write: the ranks of a job share the pipe or log, and print()'s
+    two writes (the text, then the newline) let another rank's line land between them, which
+    glued two ranks' lines into one (and `hpcdp run` could not tell they were the same)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 # What a collective raises when another rank is gone (gloo, NCCL, Horovod).
@@ -214,8 +222,8 @@ def _said_a_peer_is_gone(exc: Exception) -> bool:
     if gone:
         rank = next((os.environ[k] for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
                                               "PMI_RANK") if k in os.environ), "?")
-        print(f"error: rank {rank} lost a peer ({type(exc).__name__}: {gone}): another rank "
-              "ended first; the line that says why is its own or its launcher's", file=sys.stderr)
+        say_error(f"error: rank {rank} lost a peer ({type(exc).__name__}: {gone}): another "
+                  "rank ended first; the line that says why is its own or its launcher's")
     return gone is not None
 
 
