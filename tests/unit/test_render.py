@@ -293,7 +293,7 @@ def test_the_modern_experiment_renders_a_gpu_campaign_of_every_strategy(tmp_path
                            "--cluster", "generic-gpu", "--dry-run"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "(130 cells; nothing written, nothing submitted)" in done.stdout
+    assert "(182 cells; nothing written, nothing submitted)" in done.stdout  # 26 x 7 repeats
     for spec in strategies.STRATEGIES:  # the one-node strategies on 1 node only
         assert f"{spec.name}-{spec.max_nodes or 4}n-r1" in done.stdout, spec.name
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
