@@ -18,6 +18,7 @@ micro-step divide over the new world."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -46,8 +47,10 @@ class EarlierRun:
         return self.micro_batch_size * self.world_size
 
 
+@functools.lru_cache(maxsize=8)
 def read(run_dir: Path) -> EarlierRun:
-    """The run in `run_dir` that a new folder continues; one line when it cannot be."""
+    """The run in `run_dir` that a new folder continues; one line when it cannot be. Cached:
+    the CLI reads it to build the experiment and again to check the rendered job."""
     run_dir = Path(run_dir).expanduser().absolute()
     where = f"--resume-from {str(run_dir)!r}"
     if not (run_dir / EXPERIMENT_FILE).is_file():

@@ -342,18 +342,23 @@ def _partition_fields(partition: str | None, env: Mapping[str, str] | None) -> d
     return None
 
 
+def _node_fields(partition_fields: dict | None, env: Mapping[str, str] | None) -> list[dict]:
+    """`scontrol show node`'s KEY=VALUE fields of each node of a partition (its
+    _partition_fields); empty when Slurm cannot tell."""
+    nodes = (partition_fields or {}).get("Nodes")
+    if not nodes:
+        return []
+    rc, shown, _ = _run(["scontrol", "show", "node", "--oneliner", nodes], env)
+    found = [dict(i.partition("=")[::2] for i in n.split()) for n in shown.splitlines()]
+    return [f for f in found if f.get("NodeName")] if rc == 0 else []
+
+
 def partition_node_addresses(partition: str | None, env: Mapping[str, str] | None = None
                              ) -> list[str] | None:
     """Each node's NodeAddr in `partition` (None: the default one), from `scontrol show`;
     None when Slurm cannot tell."""
-    fields = _partition_fields(partition, env)
-    if not fields or not fields.get("Nodes"):
-        return None
-    rc, shown, _ = _run(["scontrol", "show", "node", "--oneliner", fields["Nodes"]], env)
-    if rc != 0:
-        return None
-    found = [dict(i.partition("=")[::2] for i in n.split()) for n in shown.splitlines()]
-    return [f.get("NodeAddr") or f.get("NodeName", "") for f in found if f.get("NodeName")]
+    found = _node_fields(_partition_fields(partition, env), env)
+    return [f.get("NodeAddr") or f["NodeName"] for f in found] or None
 
 
 def partition_billing(partition: str | None, env: Mapping[str, str] | None = None
@@ -367,13 +372,8 @@ def partition_billing(partition: str | None, env: Mapping[str, str] | None = Non
         return None
     nodes = _int(fields.get("TotalNodes", "")) or 0
     cpus = _int(fields.get("TotalCPUs", "")) or 0
-    mem_gb = None
-    if fields.get("Nodes"):
-        rc, shown, _ = _run(["scontrol", "show", "node", "--oneliner", fields["Nodes"]], env)
-        mems = [_int(dict(i.partition("=")[::2] for i in n.split()).get("RealMemory", ""))
-                for n in shown.splitlines()] if rc == 0 else []
-        mems = [m for m in mems if m]
-        mem_gb = min(mems) / 1000 if mems else None  # MB
+    mems = [m for f in _node_fields(fields, env) if (m := _int(f.get("RealMemory", "")))]
+    mem_gb = min(mems) / 1000 if mems else None  # MB
     return {"partition": fields.get("PartitionName", partition or "?"),
             "weights": _billing_weights(fields.get("TRESBillingWeights", "")),
             "cpus_per_node": cpus / nodes if nodes else None, "mem_gb_per_node": mem_gb}

@@ -122,8 +122,8 @@ def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
         notes.append(f"stopped at step {r.last_step}{of}")
     if r.state == "ENDING":
         notes.append("state provisional (sacct not final yet)")
-    oom = scan.out_of_memory or (job_end.OutOfMemory(None, None, "Slurm reports OUT_OF_MEMORY")
-                                 .line() if r.state == "OUT_OF_MEMORY" else None)
+    said = job_end.out_of_memory("", r.state)  # sacct's OUT_OF_MEMORY, where the log had none
+    oom = scan.out_of_memory or (said.line() if said else None)
     if oom:  # the cause: the peers' tracebacks and exit codes follow from it
         return [*notes, oom]
     if info is not None and info.source == "sacct":

@@ -26,10 +26,11 @@ def terminal_width() -> int | None:
 
 
 def fit(rows: list[list[str]], width: int | None, *, left: set[int],
-        priority: list[int] | None = None, wrap: int | None = None) -> tuple[list[str], int]:
-    """(aligned lines, columns left out). rows[0] holds the titles; `left`: columns aligned
-    left (the others right); `priority`: column indices, most important first (default: their
-    order); `wrap`: a free-text column kept last and wrapped into the width that remains."""
+        priority: list[int] | None = None, wrap: int | None = None) -> list[str]:
+    """Aligned lines, and under them the line that says how many columns were left out, if
+    any. rows[0] holds the titles; `left`: columns aligned left (the others right); `priority`:
+    column indices, most important first (default: their order); `wrap`: a free-text column
+    kept last and wrapped into the width that remains."""
     n, asked = len(rows[0]), wrap is not None
     wrap = wrap if wrap is not None and any(row[wrap] for row in rows[1:]) else None
     widths = [max(len(row[i]) for row in rows) for i in range(n)]
@@ -56,13 +57,11 @@ def fit(rows: list[list[str]], width: int | None, *, left: set[int],
         parts = textwrap.wrap(row[wrap], notes_width) or [""]
         lines.append((GAP.join(cells) + GAP + parts[0]).rstrip())
         lines += [" " * used + part for part in parts[1:]]
-    return lines, n - len(shown) - asked
-
-
-def left_out(count: int, width: int) -> str:
-    """The line under a table that lost columns."""
-    return (f"({count} more column(s) left out to fit {width} characters: --wide prints them, "
-            "--out writes them to table.md and table.csv)")
+    dropped = n - len(shown) - asked
+    if dropped and width:
+        lines.append(f"({dropped} more column(s) left out to fit {width} characters: --wide "
+                     "prints them, --out writes them to table.md and table.csv)")
+    return lines
 
 
 def wrap_text(text: str, width: int | None) -> str:

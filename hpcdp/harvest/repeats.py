@@ -457,9 +457,8 @@ def _grid(rows: list[list[str]], markdown: bool, width: int | None = None,
     if markdown:
         return (["| " + " | ".join(rows[0]) + " |", "|---|" + "---:|" * (n - 2) + "---|"]
                 + ["| " + " | ".join(row) + " |" for row in rows[1:]])
-    lines, dropped = layout.fit(rows, width, left={0, n - 1},
-                                priority=list(priority) if priority else None)
-    return lines + ([layout.left_out(dropped, width)] if dropped and width else [])
+    return layout.fit(rows, width, left={0, n - 1},
+                      priority=list(priority) if priority else None)
 
 
 BASELINE_COLUMNS = ("transport", "nodes", "world", "size", "", "median ms", "algbw GB/s",

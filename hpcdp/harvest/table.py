@@ -574,11 +574,10 @@ def render_table(results: list[RunResult], width: int | None = None) -> str:
     cols = _columns(results)
     names = [name for name, _ in cols]
     rows = [[title for _, title in cols]] + [[_cell(r, name) for name in names] for r in results]
-    lines, dropped = layout.fit(rows, width, left={i for i, n in enumerate(names)
-                                                   if n not in RIGHT},
-                                priority=[names.index(n) for n in NARROW_PRIORITY if n in names],
-                                wrap=names.index("notes"))
-    return "\n".join(lines + ([layout.left_out(dropped, width)] if dropped and width else []))
+    return "\n".join(layout.fit(rows, width, left={i for i, n in enumerate(names)
+                                                  if n not in RIGHT},
+                               priority=[names.index(n) for n in NARROW_PRIORITY if n in names],
+                               wrap=names.index("notes")))
 
 
 def render_markdown(results: list[RunResult], target_loss: float | None = None) -> str:

@@ -894,13 +894,19 @@ def test_a_sharded_cell_states_its_trade_against_the_strategy_it_shards(tmp_path
     assert " 5.50 " in fsdp_row and " 2.00 " in fsdp_row, fsdp_row
 
 
-def test_a_cell_whose_loss_drifted_cannot_win(tmp_path):
+def _ddp_and_a_drifting_horovod(tmp_path, horovod_tps: list[float]) -> Path:
+    """A campaign of DDP on 2 nodes and a Horovod cell whose fp16 gradients drift its loss."""
     root = _campaign(tmp_path, {("distributed-ps", 2): [1000.0, 1001.0, 1002.0, 1003.0]},
                      communication="gloo", global_batch=16)
-    for k, tps in enumerate([2000.0, 2001.0, 2002.0, 2003.0], start=1):
+    for k, tps in enumerate(horovod_tps, start=1):
         simple_run(root / "horovod-2n" / f"repeat-{k}", "horovod", 2, 2, tps,
                    communication="horovod-mpi", global_batch=16, grad_comm="fp16",
                    losses=(4.0, 3.5, 3.0, 2.7, 2.2))
+    return root
+
+
+def test_a_cell_whose_loss_drifted_cannot_win(tmp_path):
+    root = _ddp_and_a_drifting_horovod(tmp_path, [2000.0, 2001.0, 2002.0, 2003.0])
     result = harvest.collect([root], query_slurm=False)
     (v,) = result.verdicts
     assert v["fastest"] == "distributed-ps 2n" and v["outcome"] != "faster"
@@ -962,12 +968,7 @@ def test_a_sharded_cell_is_held_to_its_strategy_in_the_same_precision(tmp_path):
 
 
 def test_a_cell_that_failed_loss_parity_is_offered_as_no_trade(tmp_path):
-    root = _campaign(tmp_path, {("distributed-ps", 2): [1000.0, 1001.0, 1002.0, 1003.0]},
-                     communication="gloo", global_batch=16)
-    for k, tps in enumerate([900.0, 901.0, 902.0, 903.0], start=1):
-        simple_run(root / "horovod-2n" / f"repeat-{k}", "horovod", 2, 2, tps,
-                   communication="horovod-mpi", global_batch=16, grad_comm="fp16",
-                   losses=(4.0, 3.5, 3.0, 2.7, 2.2))
+    root = _ddp_and_a_drifting_horovod(tmp_path, [900.0, 901.0, 902.0, 903.0])
     for k in range(1, 5):
         _set_memory(root / "distributed-ps-2n" / f"repeat-{k}", 10.0)
         _set_memory(root / "horovod-2n" / f"repeat-{k}", 5.0)
