@@ -11,6 +11,7 @@ Quoting rules, so that no name or path can inject shell:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shlex
@@ -85,7 +86,11 @@ def run_dir_for(profile: ClusterProfile, experiment: Experiment, strategy: Strat
     return (root / experiment.name / f"{strategy.name}-{nodes}n").absolute()
 
 
+@functools.cache
 def _environment() -> jinja2.Environment:
+    """One per process: jinja2 caches each compiled template in its environment, and compiling
+    is most of a render (a campaign of 96 cells compiled them 194 times: 2.9 s of
+    `compare --dry-run`'s 3 s)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
         undefined=jinja2.StrictUndefined,
