@@ -16,6 +16,19 @@ pytest_plugins = ["pytester"]
 WEIRD_NAME = "we ird'dir\"$(touch PWNED)`touch TICK`;echo hi"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """HPCDP_TEST_CPU_LOG=FILE: each test's CPU into FILE (tests/cpu_log.py; not where this
+    conftest was copied without it, as test_cluster.py's pytester run does)."""
+    here = Path(__file__).parent
+    if os.environ.get("HPCDP_TEST_CPU_LOG") and (here / "cpu_log.py").is_file():
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("cpu_log", here / "cpu_log.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        config.pluginmanager.register(module, "cpu_log")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_job_records(tmp_path_factory) -> Iterator[None]:
     """Jobs the tests submit are recorded in a private folder, not in the user's
