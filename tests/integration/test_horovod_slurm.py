@@ -1,6 +1,6 @@
 """Horovod launched from Slurm's own allocation on the local two-node cluster, through hpcdp:
-both controllers (MPI through `srun --mpi=pmix`, Gloo with train/'s rendezvous), one and two
-ranks per node, plain and mixed precision. No host list anywhere."""
+both controllers (MPI through `srun --mpi=pmix`, Gloo with train/'s rendezvous) with two ranks
+per node, and a rendered script sbatch'ed by hand. No host list anywhere."""
 
 from __future__ import annotations
 
@@ -66,9 +66,11 @@ def check_run(run_dir: Path, job_id: str, world: int, controller: str) -> dict:
     return summary
 
 
-# horovod-apex is resumed over MPI in test_resume_every_strategy.py and trained in
-# test_train_strategies.py: the layouts differ in Horovod's local ranks, not in precision.
-@pytest.mark.parametrize("strategy, layouts", [("horovod", (1, 2))])
+# Two ranks per node only: one rank per node through `hpcdp submit` is what
+# test_resume_every_strategy.py runs for both controllers (and test_train_slurm.py through srun),
+# so the layout left to test is the one with Horovod's local ranks. horovod-apex is resumed over
+# MPI there and trained in test_train_strategies.py: precision does not change the layout.
+@pytest.mark.parametrize("strategy, layouts", [("horovod", (2,))])
 def test_horovod_on_two_nodes_both_controllers_both_layouts(strategy, layouts, slurm_cluster,
                                                             tmp_path):
     runs = {}
