@@ -36,6 +36,23 @@ def train(tmp_path: Path, strategy: str, ranks: int, *extra: str) -> Path:
     return tmp_path / "runs" / "smoke" / f"{strategy}-1n"
 
 
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory) -> Path:
+    """One single-gpu run with checkpoints at steps 3 and 6, shared by the tests that only read
+    it (one training fewer each; a test that changes it works on a copy)."""
+    return train(tmp_path_factory.mktemp("single"), "single-gpu", 1,
+                 "train.checkpoint_interval=3")
+
+
+@pytest.fixture(scope="module")
+def ddp_shakespeare(tmp_path_factory) -> tuple[Path, Path]:
+    """(run folder, prepared data) of DDP on 2 ranks over Shakespeare: real text, so that 6
+    steps move the validation loss well away from a random model's."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    real = ["data.corpus=shakespeare", f"data.prepared_dir={tmp / 'prepared'}"]
+    return train(tmp, "distributed-ps", 2, *real), tmp / "prepared"
+
+
 def logged_val_loss(run_dir: Path, step: int) -> float:
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -62,12 +79,15 @@ def horovod_installed() -> bool:
 
 @pytest.mark.parametrize("strategy,ranks,suffix", [
     ("distributed-ps", 2, ".pt"), ("horovod", 2, ".pt"), ("fsdp", 4, ".dcp"), ("zero1", 2, ".pt")])
-def test_every_strategy_exports_what_it_trained(strategy, ranks, suffix, tmp_path):
+def test_every_strategy_exports_what_it_trained(strategy, ranks, suffix, tmp_path, request):
     if strategy == "horovod" and not horovod_installed():
         pytest.skip("Horovod is not installed (scripts/install-horovod.sh)")
     from transformers import GPT2LMHeadModel
 
-    run_dir = train(tmp_path, strategy, ranks)
+    if strategy == "distributed-ps":  # the run test_a_run_started_from_an_export reads too
+        run_dir = request.getfixturevalue("ddp_shakespeare")[0]
+    else:
+        run_dir = train(tmp_path, strategy, ranks)
     ckpt = run_dir / "checkpoints" / f"step-0000006{suffix}"
     assert ckpt.exists()
     done = hpcdp("export", str(run_dir), "--to", str(tmp_path / "hf"), cwd=tmp_path)
@@ -97,10 +117,9 @@ def test_every_strategy_exports_what_it_trained(strategy, ranks, suffix, tmp_pat
     assert result["val_loss"] == pytest.approx(logged_val_loss(run_dir, 6), abs=1e-4)
 
 
-def test_a_run_started_from_an_export_continues_at_its_loss(tmp_path):
-    """Shakespeare, so that 6 steps move the validation loss well away from a random model's."""
-    real = ["data.corpus=shakespeare", f"data.prepared_dir={tmp_path / 'prepared'}"]
-    first = train(tmp_path / "a", "distributed-ps", 2, *real)
+def test_a_run_started_from_an_export_continues_at_its_loss(ddp_shakespeare, tmp_path):
+    first, prepared = ddp_shakespeare
+    real = ["data.corpus=shakespeare", f"data.prepared_dir={prepared}"]
     assert hpcdp("export", str(first), "--to", str(tmp_path / "hf"), cwd=tmp_path).returncode == 0
     # transformers' generate on it: the prompt continued, the same text twice when greedy
     said = [hpcdp("sample", str(tmp_path / "hf"), "--prompt", "ROMEO:", "--max-new-tokens", "24",
@@ -153,8 +172,11 @@ def test_the_tokenizer_round_trips_through_autotokenizer(kind, tmp_path):
     assert auto.decode(ours.encode(text)) == text
 
 
-def test_bad_input_is_one_line_and_nothing_half_written(tmp_path):
-    run_dir = train(tmp_path, "single-gpu", 1, "train.checkpoint_interval=3")
+def test_bad_input_is_one_line_and_nothing_half_written(single_run, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"  # a copy: its newest checkpoint is damaged below
+    shutil.copytree(single_run, run_dir)
     cases = [
         (["export", str(tmp_path / "nothing"), "--to", str(tmp_path / "x")], "is not a folder"),
         (["export", str(run_dir), "--to", str(tmp_path / "x"), "--dtype", "fp8"],
@@ -197,7 +219,7 @@ def test_bad_input_is_one_line_and_nothing_half_written(tmp_path):
     assert json.loads((tmp_path / "y" / "hpcdp.json").read_text())["dtype"] == "bf16"
 
 
-def test_lm_evaluation_harness_reads_an_export_with_a_local_task(tmp_path):
+def test_lm_evaluation_harness_reads_an_export_with_a_local_task(single_run, tmp_path):
     """lm-eval's rolling loglikelihood over a local JSONL (no hub): its byte perplexity is the
     one `hpcdp eval --text` computes on the same file."""
     import shutil
@@ -205,7 +227,7 @@ def test_lm_evaluation_harness_reads_an_export_with_a_local_task(tmp_path):
     lm_eval = shutil.which("lm_eval") or str(Path(sys.executable).parent / "lm_eval")
     if not Path(lm_eval).exists():
         pytest.skip("lm-eval is not installed (pip install 'hpcdp[eval]')")
-    run_dir = train(tmp_path, "single-gpu", 1)
+    run_dir = single_run
     folder = tmp_path / "hf"
     assert hpcdp("export", str(run_dir), "--to", str(folder), cwd=tmp_path).returncode == 0
     docs = tmp_path / "docs.jsonl"
