@@ -37,8 +37,8 @@ def _seconds(sacct_time: str) -> float:
 
 
 def _slurm_cpu(since: str, folder: str) -> float:
-    """Steps' TotalCPU of the jobs submitted since `since` whose working folder is under
-    `folder` (the test's own tmp_path tree)."""
+    """Steps' TotalCPU of the jobs that ran since `since` whose working folder is under `folder`
+    (this pytest process's temporary tree; one test at a time runs in it), each job once."""
     try:
         done = subprocess.run(["sacct", "-n", "-P", "-S", since, "-o", "JobID,TotalCPU,WorkDir"],
                               capture_output=True, text=True, timeout=30)
@@ -78,15 +78,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         out.write(json.dumps(record) + "\n")
 
 
-def main(path: str) -> None:
+def table(path: str) -> str:
     rows = [json.loads(line) for line in open(path)]
     for row in rows:
         row["cpu"] = row["pytest"] + row["children"] + row.get("slurm_jobs", 0.0)
     rows.sort(key=lambda r: -r["cpu"])
-    print(f"{'cpu s':>7} {'wall s':>7}  test   (total {sum(r['cpu'] for r in rows):.0f} CPU s)")
-    for row in rows:
-        print(f"{row['cpu']:7.1f} {row['wall']:7.1f}  {row['test']}")
+    lines = [f"{'cpu s':>7} {'wall s':>7}  test   (total {sum(r['cpu'] for r in rows):.0f} CPU s)"]
+    lines += [f"{row['cpu']:7.1f} {row['wall']:7.1f}  {row['test']}" for row in rows]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    print(table(sys.argv[1]))
