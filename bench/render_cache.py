@@ -28,19 +28,15 @@ from hpcdp import campaign, config, render  # noqa: E402
 def plan_seconds(fresh_environment: bool) -> float:
     profile = config.load_profile("generic-gpu", {"gpu_type": "a100"})
     experiment = config.load_experiment("paper", {})
+    cached = render._environment
+    cached()  # warm, as in a process after its first script
     if fresh_environment:
-        render._environment.cache_clear()
-    render._environment()  # the cached case starts warm, as a process after its first script
-    start = time.perf_counter()
-    if fresh_environment:
-        cached = render._environment
         render._environment = cached.__wrapped__  # a new environment for every script
-        try:
-            campaign.plan(profile, experiment)
-        finally:
-            render._environment = cached
-    else:
+    start = time.perf_counter()
+    try:
         campaign.plan(profile, experiment)
+    finally:
+        render._environment = cached
     return time.perf_counter() - start
 
 
