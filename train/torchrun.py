@@ -24,8 +24,11 @@ def first_failure(failures: dict) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from train.imports import without_gc
+
+    with without_gc():  # about 0.15 s less per launch (train/imports.py)
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import parse_args, run
 
     # torchrun's warnings as it stops the other ranks repeat what the line below says.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
