@@ -70,8 +70,9 @@ def two_node_campaign(slurm_cluster, tmp_path_factory) -> dict:
     import sys
 
     tmp = tmp_path_factory.mktemp("campaign")
-    has_horovod = subprocess.run([sys.executable, "-c", "import horovod.torch"],
-                                 capture_output=True).returncode == 0
+    from horovod_probe import horovod_importable
+
+    has_horovod = horovod_importable()
     strategies = [s for s in CAMPAIGN_STRATEGIES if has_horovod or s != "horovod"]
     settings = [f"matrix.strategies=[{','.join(strategies)}]", "matrix.nodes=[1,2]",
                 "train.steps=12", "train.eval_interval=0", "train.checkpoint_interval=0"]

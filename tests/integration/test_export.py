@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from horovod_probe import horovod_importable
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ["train.steps=6", "train.checkpoint_interval=6", "train.eval_interval=6",
@@ -72,15 +73,10 @@ def checkpoint_state(path: Path, tmp_path: Path) -> dict:
     return torch.load(path, weights_only=False)["model"]
 
 
-def horovod_installed() -> bool:
-    return subprocess.run([sys.executable, "-c", "import horovod.torch"],
-                          capture_output=True).returncode == 0
-
-
 @pytest.mark.parametrize("strategy,ranks,suffix", [
     ("distributed-ps", 2, ".pt"), ("horovod", 2, ".pt"), ("fsdp", 4, ".dcp"), ("zero1", 2, ".pt")])
 def test_every_strategy_exports_what_it_trained(strategy, ranks, suffix, tmp_path, request):
-    if strategy == "horovod" and not horovod_installed():
+    if strategy == "horovod" and not horovod_importable():
         pytest.skip("Horovod is not installed (scripts/install-horovod.sh)")
     from transformers import GPT2LMHeadModel
 

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from horovod_probe import horovod_importable
 from slurm_jobs import logs, records, sets, wait_all
 
 # Only the gpu partition's nodes: scripts/test.sh runs these beside the debug partition's tests.
@@ -61,8 +62,7 @@ def gpu_jobs(slurm_cluster, tmp_path_factory) -> dict[str, tuple[Path, str]]:
     root = tmp_path_factory.mktemp("gpu")
     submitted: dict[str, tuple[Path, str]] = {}
     for name, (strategy, n, settings) in CASES.items():
-        if strategy == "horovod" and subprocess.run(
-                [sys.executable, "-c", "import horovod.torch"], capture_output=True).returncode:
+        if strategy == "horovod" and not horovod_importable():
             continue
         rendered = subprocess.run(
             [sys.executable, "-m", "hpcdp", "render", "--cluster", "generic-gpu",

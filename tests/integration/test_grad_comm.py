@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from horovod_probe import horovod_importable
 from slurm_jobs import records, sets, submit, wait_all
 
 from hpcdp import harvest
@@ -19,8 +20,7 @@ SETTINGS = sets("train.steps=12", "train.eval_interval=0", "train.checkpoint_int
 
 
 def test_compressed_gradients_train_like_fp32_with_half_the_bytes(slurm_cluster, tmp_path):
-    has_horovod = subprocess.run([sys.executable, "-c", "import horovod.torch"],
-                                 capture_output=True).returncode == 0
+    has_horovod = horovod_importable()
     cells = [("distributed-ps", "fp32"), ("distributed-ps", "bf16")]
     if has_horovod:
         cells += [("horovod", "fp32"), ("horovod", "fp16")]

@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from horovod_probe import horovod_importable
 from slurm_jobs import logs, records, sets, submit, wait_all, wait_for_step
 
 from hpcdp.hostlist import expand_hostlist
@@ -28,9 +29,7 @@ CELLS = [("distributed-ps", None), ("fsdp", None), ("horovod", "mpi"), ("horovod
 
 
 def test_a_stopped_rank_ends_the_job_failed_within_the_timeout(slurm_cluster, tmp_path):
-    has_horovod = subprocess.run([sys.executable, "-c", "import horovod.torch"],
-                                 capture_output=True).returncode == 0
-    cells = [c for c in CELLS if c[1] is None or has_horovod]
+    cells = [c for c in CELLS if c[1] is None or horovod_importable()]
     jobs = {}
     for strategy, controller in cells:
         extra = sets(f"cluster.horovod_controller={controller}") if controller else []

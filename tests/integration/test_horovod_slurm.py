@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import slurm_jobs
+from horovod_probe import SKIP_REASON, horovod_importable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.horovod]
 
@@ -22,9 +23,8 @@ FAST = ["--set", "train.steps=6", "--set", "train.eval_interval=0",
 
 @pytest.fixture(scope="module", autouse=True)
 def needs_horovod():
-    if subprocess.run([sys.executable, "-c", "import horovod.torch"],
-                      capture_output=True).returncode != 0:
-        pytest.skip("Horovod is not installed (scripts/install-horovod.sh)")
+    if not horovod_importable():
+        pytest.skip(SKIP_REASON)
 
 
 def submit(tmp_path: Path, strategy: str, controller: str, ranks_per_node: int) -> tuple[str, Path]:

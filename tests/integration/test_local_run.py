@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from horovod_probe import SKIP_REASON, horovod_importable
 
 FAST = ["--set", "train.steps=5", "--set", "train.eval_interval=0",
         "--set", "data.corpus=synthetic"]
@@ -51,9 +52,8 @@ def test_hpcdp_run_horovod_twice_resumes_instead_of_deadlocking(tmp_path):
     """The second run resumes from the first one's final checkpoint: rank 0 broadcasts its path,
     the other rank passes None. Before the fix they waited on differently named collectives
     until the timeout below."""
-    if subprocess.run([sys.executable, "-c", "import horovod.torch"],
-                      capture_output=True).returncode != 0:
-        pytest.skip("Horovod is not installed (scripts/install-horovod.sh)")
+    if not horovod_importable():
+        pytest.skip(SKIP_REASON)
     command = [sys.executable, "-m", "hpcdp", "run", "--strategy", "horovod", "--ranks", "2",
                "--out", str(tmp_path / "runs"), *FAST]
     for _ in range(2):

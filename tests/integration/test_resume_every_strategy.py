@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+from horovod_probe import SKIP_REASON, horovod_importable
 from slurm_jobs import logs, records, sets, submit, wait_all, wait_for_step
 
 pytestmark = pytest.mark.slurm
@@ -43,10 +44,9 @@ def _losses(recs: list[dict], kind: str, field: str) -> dict[int, float]:
 
 
 def test_every_strategy_resumes_with_the_uninterrupted_losses(slurm_cluster, tmp_path):
-    horovod = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True)
-    cells = [c for c in CELLS if c[2] is None or horovod.returncode == 0]
+    cells = [c for c in CELLS if c[2] is None or horovod_importable()]
     if len(cells) < len(CELLS):
-        pytest.skip("Horovod is not installed (scripts/install-horovod.sh)")
+        pytest.skip(SKIP_REASON)
     jobs = {}
     for strategy, nodes, controller in cells:
         label = f"{strategy}-{controller or 'plain'}"

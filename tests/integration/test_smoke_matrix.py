@@ -16,18 +16,11 @@ from hpcdp import config
 pytestmark = pytest.mark.slurm
 
 
-def has_horovod() -> bool:
-    return subprocess.run([sys.executable, "-c", "import horovod.torch"],
-                          capture_output=True).returncode == 0
-
-
 def test_smoke_matrix_then_harvest(slurm_cluster, tmp_path):
     # One of each launch (the other cells add process starts, not paths: they are trained in
     # test_resume_every_strategy.py, test_train_strategies.py and test_horovod_slurm.py).
     strategies = [s for s in config.load_experiment("smoke").matrix.strategies
                   if s in ("single-gpu", "distributed-ps")]
-    if not has_horovod():  # the Horovod cells are covered by test_horovod_slurm.py where it is
-        strategies = [s for s in strategies if not s.startswith("horovod")]
     runs = tmp_path / "runs"
     # A prepared folder of its own: the matrix's prepare job must tokenize, the cells must not.
     submit = subprocess.run(

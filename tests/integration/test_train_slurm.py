@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from horovod_probe import horovod_importable
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ["train.steps=8", "train.log_interval=1", "train.eval_interval=0",
@@ -23,11 +24,6 @@ SETS = ["train.steps=8", "train.log_interval=1", "train.eval_interval=0",
         "train.lr=1.0e-3"]
 
 pytestmark = pytest.mark.slurm
-
-
-def _horovod() -> bool:
-    return subprocess.run([sys.executable, "-c", "import horovod.torch"],
-                          capture_output=True).returncode == 0
 
 
 def srun(out: Path, strategy: str, extra_env: dict[str, str], mpi: str | None = None,
@@ -60,7 +56,7 @@ def test_two_nodes_ddp_and_both_horovod_controllers_agree(slurm_cluster: Path,
                                                            tmp_path: Path) -> None:
     losses = {}
     for case, (strategy, env, mpi) in CASES.items():
-        if strategy == "horovod" and not _horovod():
+        if strategy == "horovod" and not horovod_importable():
             pytest.skip("horovod is not installed: run scripts/install-horovod.sh")
         out = tmp_path / case
         done = subprocess.run(srun(out, strategy, env, mpi), cwd=ROOT, capture_output=True,

@@ -18,7 +18,6 @@ Horovod average gradients. What is compared, and how close:
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 from free_port import free_port
+from horovod_probe import horovod_importable
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 20
@@ -36,12 +36,6 @@ COMMON = [f"train.steps={STEPS}", "train.log_interval=1", "train.eval_interval=1
           "train.checkpoint_interval=0", "train.warmup_steps=5", "train.lr=2.0e-3",
           "train.min_lr=2.0e-4", "train.seed=7"]
 HOROVOD_MISSING = "horovod is not installed: run scripts/install-horovod.sh"
-
-
-@functools.cache
-def horovod_importable() -> bool:
-    probe = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True)
-    return probe.returncode == 0
 
 
 def _env() -> dict[str, str]:
