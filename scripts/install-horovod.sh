@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build Horovod 0.28.1 against the torch already in a venv, cache the wheel, install it, verify it.
 #
-# Usage: scripts/install-horovod.sh [--venv DIR] [--gpu] [--force] [--rebuild] [--print-cache-dir]
+# Usage: scripts/install-horovod.sh [--venv DIR] [--gpu] [--force] [--rebuild] [--build-only]
+#                                   [--print-cache-dir]
 #
 # Why a script and not a pip extra: Horovod's sdist has no pyproject.toml, so it must be built with
 # --no-build-isolation against the torch that is already installed, and 0.28.1 needs a C++17 fix
@@ -19,7 +20,8 @@ readonly TOOLCHAIN_FILE="$SCRIPT_DIR/horovod-cxx17/toolchain.cmake"
 
 usage() {
     cat <<EOF
-Usage: scripts/install-horovod.sh [--venv DIR] [--gpu] [--force] [--rebuild] [--print-cache-dir]
+Usage: scripts/install-horovod.sh [--venv DIR] [--gpu] [--force] [--rebuild] [--build-only]
+                                  [--print-cache-dir]
 
 Builds Horovod $HOROVOD_VERSION (PyTorch + MPI + Gloo) against the torch in DIR, caches the wheel
 under \${HPCDP_WHEEL_CACHE:-\$HOME/.cache/hpcdp/wheels}, installs it and runs horovodrun --check-build.
@@ -30,6 +32,8 @@ under \${HPCDP_WHEEL_CACHE:-\$HOME/.cache/hpcdp/wheels}, installs it and runs ho
   --force             reinstall even if Horovod $HOROVOD_VERSION is already importable (uses the
                       cached wheel when there is one)
   --rebuild           ignore the cached wheel and build again (implies --force)
+  --build-only        build (or find) the cached wheel, install nothing: scripts/setup.sh
+                      builds while pip installs the rest into the venv, then installs
   --print-cache-dir   print the wheel cache folder for this venv and exit
 EOF
 }
@@ -47,6 +51,7 @@ gpu=0
 force=0
 rebuild=0
 print_cache_dir=0
+build_only=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --venv)
@@ -58,9 +63,10 @@ while [[ $# -gt 0 ]]; do
         --gpu) gpu=1; shift ;;
         --force) force=1; shift ;;
         --rebuild) rebuild=1; force=1; shift ;;
+        --build-only) build_only=1; shift ;;
         --print-cache-dir) print_cache_dir=1; shift ;;
         -h | --help) usage; exit 0 ;;
-        *) usage >&2; die 2 "unknown option '$1' (valid: --venv DIR, --gpu, --force, --rebuild, --print-cache-dir)" ;;
+        *) usage >&2; die 2 "unknown option '$1' (valid: --venv DIR, --gpu, --force, --rebuild, --build-only, --print-cache-dir)" ;;
     esac
 done
 
@@ -190,6 +196,10 @@ else
     wheel="$cache_dir/$(basename "$built")"
     action="built wheel in $(($(date +%s) - build_start_s)) s"
     say "built $wheel ($action)"
+fi
+if ((build_only)); then
+    say "wheel ready: $wheel ($action); --build-only: nothing installed"
+    exit 0
 fi
 
 # ---- install: the wheel without resolving deps (pip must not touch torch), then its own deps ----

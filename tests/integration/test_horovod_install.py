@@ -219,6 +219,14 @@ def test_second_install_reuses_cached_wheel(tmp_path: Path) -> None:
                                    capture_output=True, text=True, check=True).stdout.strip()
     shared = next(p for p in sys.path if p.startswith(sys.prefix) and p.endswith("site-packages"))
     Path(site_packages, "shared-venv.pth").write_text(f"import site; site.addsitedir({shared!r})\n")
+    # --build-only (scripts/setup.sh builds while pip installs the rest): the cached wheel is
+    # ready, and nothing lands in the venv.
+    build_only = _run([str(INSTALL_SCRIPT), "--venv", str(side), "--force", "--build-only"])
+    output = build_only.stdout + build_only.stderr
+    assert build_only.returncode == 0, output
+    assert "--build-only: nothing installed" in output and "reused cached wheel" in output
+    assert "installing" not in output
+    assert not list(Path(site_packages).glob("horovod*")), output
     reinstall = _run([str(INSTALL_SCRIPT), "--venv", str(side), "--force"])
     output = reinstall.stdout + reinstall.stderr
     assert reinstall.returncode == 0, output
