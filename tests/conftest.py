@@ -86,6 +86,31 @@ def two_node_campaign(slurm_cluster, tmp_path_factory) -> dict:
             "strategies": strategies, "has_horovod": has_horovod}
 
 
+LOCAL_DDP_STEPS = 14
+
+
+@pytest.fixture(scope="session")
+def local_ddp_run(tmp_path_factory) -> dict:
+    """`hpcdp run -s distributed-ps --ranks 2`: 14 steps on synthetic data, every step logged,
+    started inside what looks like an allocation (SLURM_* set, which `hpcdp run` must ignore).
+    Shared by test_local_run.py, test_comm_measured.py and test_resume_elsewhere.py, which only
+    read it: one 2-rank run instead of three. {"run_dir", "stdout", "steps"}."""
+    import subprocess
+    import sys
+
+    tmp = tmp_path_factory.mktemp("local-ddp")
+    env = {**os.environ, "SLURM_JOB_ID": "999", "SLURM_PROCID": "3", "SLURM_NTASKS": "8"}
+    settings = ["data.corpus=synthetic", f"train.steps={LOCAL_DDP_STEPS}",
+                "train.eval_interval=0", "train.checkpoint_interval=0", "train.log_interval=1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdp", "run", "--strategy", "distributed-ps", "--ranks", "2",
+         "--out", str(tmp / "runs"), *[a for s in settings for a in ("--set", s)]],
+        cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {"run_dir": tmp / "runs" / "smoke" / "distributed-ps-1n", "stdout": done.stdout,
+            "steps": LOCAL_DDP_STEPS}
+
+
 @pytest.fixture
 def matches_golden():
     """check(text, path, regenerate): `text` equals the golden file at `path`, or the test

@@ -22,8 +22,8 @@ SETTINGS = sets("train.steps=12", "train.eval_interval=0", "train.checkpoint_int
 def test_compressed_gradients_train_like_fp32_with_half_the_bytes(slurm_cluster, tmp_path):
     has_horovod = horovod_importable()
     cells = [("distributed-ps", "fp32"), ("distributed-ps", "bf16")]
-    if has_horovod:
-        cells += [("horovod", "fp32"), ("horovod", "fp16")]
+    if has_horovod:  # DDP's fp32 run is its reference too: the same model, bytes and batch
+        cells += [("horovod", "fp16")]
     jobs = {cell: submit(tmp_path, cell[0], 2, tmp_path / f"{cell[0]}-{cell[1]}", *SETTINGS,
                          *sets(f"train.grad_comm={cell[1]}")) for cell in cells}
     infos = wait_all([job_id for job_id, _ in jobs.values()], timeout_s=600)
@@ -32,13 +32,12 @@ def test_compressed_gradients_train_like_fp32_with_half_the_bytes(slurm_cluster,
         assert infos[job_id].state == "COMPLETED", (cell, infos[job_id])
         headers[cell] = next(r for r in records(run_dir) if r["kind"] == "header")
         assert headers[cell]["grad_comm"] == cell[1]
-    for strategy, compressed in (("distributed-ps", "bf16"), ("horovod", "fp16")):
-        if (strategy, compressed) not in headers:
-            continue
-        full = headers[(strategy, "fp32")]["grad_bytes_per_step"]
-        assert headers[(strategy, compressed)]["grad_bytes_per_step"] * 2 == full
+    full = headers[("distributed-ps", "fp32")]["grad_bytes_per_step"]
+    for cell in (("distributed-ps", "bf16"), ("horovod", "fp16")):
+        if cell in headers:
+            assert headers[cell]["grad_bytes_per_step"] * 2 == full, cell
     runs = {r.communication: r for r in harvest.harvest([tmp_path], query_slurm=False)}
-    assert "gloo/bf16" in runs
+    assert "gloo/bf16" in runs and (not has_horovod or "horovod-mpi/fp16" in runs), sorted(runs)
     for comm, r in runs.items():
         if "/" in comm:
             assert r.parity_reference is not None, comm

@@ -20,9 +20,16 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def check_local_run(stdout: str, run_dir: Path, world: int) -> None:
+    assert "local process" in stdout and "no Slurm" in stdout
+    header, *_, summary = records(run_dir)
+    assert header["world_size"] == world and header["slurm_job_id"] in (None, "")
+    assert summary["status"] == "completed" and summary["replicas_identical"] is True
+    assert (run_dir / "job.sbatch").exists()  # the same script, ready for a later sbatch
+
+
 # hsdp: the sharded strategies start as DDP does (torchrun); one node of 2 ranks is a 1 x 2 mesh.
-@pytest.mark.parametrize("strategy,world", [("single-gpu", 1), ("distributed-ps", 2),
-                                            ("hsdp", 2)])
+@pytest.mark.parametrize("strategy,world", [("single-gpu", 1), ("hsdp", 2)])
 def test_hpcdp_run_trains_as_local_processes(strategy, world, tmp_path):
     # Even inside an allocation, `hpcdp run` must not let srun's variables describe its world.
     env = {**os.environ, "SLURM_JOB_ID": "999", "SLURM_PROCID": "3", "SLURM_NTASKS": "8"}
@@ -31,12 +38,12 @@ def test_hpcdp_run_trains_as_local_processes(strategy, world, tmp_path):
          "--out", str(tmp_path / "runs"), *FAST],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "local process" in result.stdout and "no Slurm" in result.stdout
-    run_dir = tmp_path / "runs" / "smoke" / f"{strategy}-1n"
-    header, *_, summary = records(run_dir)
-    assert header["world_size"] == world and header["slurm_job_id"] in (None, "")
-    assert summary["status"] == "completed" and summary["replicas_identical"] is True
-    assert (run_dir / "job.sbatch").exists()  # the same script, ready for a later sbatch
+    check_local_run(result.stdout, tmp_path / "runs" / "smoke" / f"{strategy}-1n", world)
+
+
+def test_hpcdp_run_trains_ddp_as_local_processes(local_ddp_run):
+    """DDP on 2 ranks, the same way (tests/conftest.py's shared run, started with SLURM_* set)."""
+    check_local_run(local_ddp_run["stdout"], local_ddp_run["run_dir"], 2)
 
 
 def test_hpcdp_run_refuses_more_than_one_node(tmp_path):

@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LONG = ["--set", "train.steps=100000", "--set", "train.eval_interval=0",
         "--set", "data.corpus=synthetic", "--set", "train.log_interval=1",
         "--set", "train.checkpoint_interval=0"]
+# A holder only has to be alive and hold its folder: its ranks wait after step 2 (up to 120 s,
+# train/faults.py) instead of spending the cores the other tests train on.
+HOLD = {"HPCDP_FAULT": "pause@2"}
 
 
 def quick() -> dict[str, str]:
@@ -60,9 +63,9 @@ def refused(result: subprocess.CompletedProcess, holder: str) -> str:
 
 @pytest.fixture
 def local_trainer(tmp_path):
-    """`hpcdp run` training DDP on 2 local ranks in tmp_path/runs/smoke/distributed-ps-1n,
-    until the test ends."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    """`hpcdp run` of DDP on 2 local ranks in tmp_path/runs/smoke/distributed-ps-1n, alive
+    (waiting after step 2) until the test ends."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **HOLD}
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpcdp", "run", "-s", "ddp", "--ranks", "2",
          "--out", str(tmp_path / "runs"), *LONG],
@@ -118,7 +121,7 @@ def test_slurm_ways_in_are_refused_while_hpcdp_run_trains(slurm_cluster, local_t
 
 @pytest.mark.slurm
 def test_hpcdp_run_and_python_m_train_are_refused_while_a_job_trains(slurm_cluster, tmp_path):
-    job_id, run_dir = submit(tmp_path, "ddp", 1, tmp_path / "runs", *LONG)
+    job_id, run_dir = submit(tmp_path, "ddp", 1, tmp_path / "runs", *LONG, env=HOLD)
     try:
         wait_for_step(run_dir, 2, timeout_s=240)
         line = refused(hpcdp("run", "-s", "ddp", "--ranks", "2", "--out",

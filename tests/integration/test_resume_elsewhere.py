@@ -72,14 +72,10 @@ def test_a_sharded_run_moves_from_2x2_ranks_to_1x2_and_back(slurm_cluster, tmp_p
 
 
 @pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory) -> Path:
-    """A finished 2-rank DDP run of 3 steps (whole-state checkpoints), by `hpcdp run`."""
-    tmp = tmp_path_factory.mktemp("ddp")
-    trained = hpcdp("run", "-s", "distributed-ps", "--ranks", "2", "--out", str(tmp / "runs"),
-                    *sets("data.corpus=synthetic", "train.steps=3", "train.eval_interval=0"),
-                    cwd=tmp)
-    assert trained.returncode == 0, trained.stderr[-2000:]
-    return tmp / "runs" / "smoke" / "distributed-ps-1n"
+def ddp_run(local_ddp_run) -> Path:
+    """A finished 2-rank DDP run (whole-state checkpoints) by `hpcdp run`: tests/conftest.py's
+    shared one, which the tests below read and never write."""
+    return local_ddp_run["run_dir"]
 
 
 def test_resume_from_refuses_what_cannot_continue(ddp_run, tmp_path):
@@ -109,21 +105,22 @@ def test_resume_from_refuses_what_cannot_continue(ddp_run, tmp_path):
 
 
 def test_hpcdp_run_and_python_m_train_continue_the_same_way(ddp_run, tmp_path):
-    micro = steps_and_world(ddp_run)[2]["config"]["train"]["micro_batch_size"]
+    trained, _, header = steps_and_world(ddp_run)
+    done, micro = trained[-1], header["config"]["train"]["micro_batch_size"]
     moved = hpcdp("run", "-s", "single-gpu", "--out", str(tmp_path / "one"), "--resume-from",
-                  str(ddp_run), *sets("train.steps=5"), cwd=tmp_path)
+                  str(ddp_run), *sets(f"train.steps={done + 2}"), cwd=tmp_path)
     assert moved.returncode == 0, moved.stderr[-2000:]
     steps, world, header = steps_and_world(tmp_path / "one" / "smoke" / "single-gpu-1n")
-    assert (steps, world) == ([4, 5], 1)
+    assert (steps, world) == ([done + 1, done + 2], 1)
     assert header["config"]["train"]["micro_batch_size"] == 2 * micro
     # python -m train reads the same setting, by hand
     by_hand = subprocess.run(
         [sys.executable, "-m", "train", "--experiment", str(ddp_run / "experiment.yaml"),
          "--strategy", "single-gpu", "--out", str(tmp_path / "hand"),
          *sets(f"train.resume_from={ddp_run}", f"train.micro_batch_size={2 * micro}",
-               "train.steps=4")],
+               f"train.steps={done + 1}")],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert by_hand.returncode == 0, by_hand.stderr[-2000:]
-    assert steps_and_world(tmp_path / "hand")[0] == [4]
+    assert steps_and_world(tmp_path / "hand")[0] == [done + 1]
     summary = json.loads((tmp_path / "hand" / "metrics.jsonl").read_text().splitlines()[-1])
     assert summary["kind"] == "summary" and summary["status"] == "completed"

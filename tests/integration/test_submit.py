@@ -147,10 +147,20 @@ def test_a_master_that_is_not_rank0s_node_fails_fast(slurm_cluster, tmp_path):
 
 def test_status_asks_slurm_once_for_all_jobs(slurm_cluster, tmp_path):
     """Three jobs, one `hpcdp status`: one squeue and at most one sacct call. The real commands
-    answer; wrappers first on PATH only count the calls."""
+    answer; wrappers first on PATH only count the calls. The jobs are held (PENDING), so none
+    of them trains: only their rows are needed."""
+    job_ids = []
     for i in range(3):
-        hpcdp("submit", "--strategy", "single-gpu", "--out", str(tmp_path / f"runs{i}"), *FAST,
-              cwd=tmp_path)
+        submitted = hpcdp("submit", "--strategy", "single-gpu", "--out", str(tmp_path / f"runs{i}"),
+                          *FAST, "--set", "cluster.extra_sbatch=['--hold']", cwd=tmp_path)
+        job_ids.append(submitted.stdout.split("submitted job ")[1].split(":")[0])
+    try:
+        _status_counts_calls(tmp_path)
+    finally:
+        subprocess.run(["scancel", *job_ids], check=True)
+
+
+def _status_counts_calls(tmp_path: Path) -> None:
     shims = tmp_path / "shims"
     shims.mkdir()
     calls = tmp_path / "calls.log"
@@ -163,7 +173,7 @@ def test_status_asks_slurm_once_for_all_jobs(slurm_cluster, tmp_path):
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
-    assert len(rows) >= 3 and all(r["state"] != "UNKNOWN" for r in rows[-3:])
+    assert len(rows) >= 3 and all(r["state"] == "PENDING" for r in rows[-3:]), rows
     made = calls.read_text().split()
     assert made.count("squeue") == 1 and made.count("sacct") <= 1, made
 
@@ -187,7 +197,9 @@ def test_submit_wait_ends_where_sacct_is_unavailable(slurm_cluster, tmp_path):
 
 
 def test_a_run_dir_with_a_live_job_is_not_submitted_into_again(slurm_cluster, tmp_path):
-    long = ["--set", "train.steps=100000", "--set", "data.corpus=synthetic"]
+    # Held: a queued job holds its folder as a running one does, and never starts a rank.
+    long = ["--set", "train.steps=100000", "--set", "data.corpus=synthetic",
+            "--set", "cluster.extra_sbatch=['--hold']"]
     first = hpcdp("submit", "--strategy", "single-gpu", "--out", str(tmp_path / "runs"), *long,
                   cwd=tmp_path)
     job_id = first.stdout.split("submitted job ")[1].split(":")[0]

@@ -179,12 +179,20 @@ def _run(out: Path, strategy: str, procs: int, port: int, *extra: str, resume: b
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 
 
-def test_a_sigkilled_run_resumes_from_its_last_time_based_checkpoint(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """One process, never stopped: the reference of the two tests below (one run, not two)."""
+    out = tmp_path_factory.mktemp("straight")
+    run_to_end(out, "single-gpu", 1, free_port())
+    return out
+
+
+def test_a_sigkilled_run_resumes_from_its_last_time_based_checkpoint(
+        tmp_path: Path, straight: Path) -> None:
     """A hard kill (node failure, scontrol requeue) gives no signal to checkpoint on: what
     survives is the last time-based checkpoint. Step 6 is computed, killed before its
     checkpoint, and computed again after the resume; it counts once."""
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    run_to_end(straight, "single-gpu", 1, free_port())
+    killed = tmp_path / "killed"
     every_step = "train.checkpoint_every_s=0.001"  # every step is "due"; kill@6 lands before 6's
     first = _run(killed, "single-gpu", 1, free_port(), every_step, fault="kill@6")
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
@@ -206,7 +214,7 @@ def checkpoint_steps(out: Path) -> list[int]:
 
 
 def test_resume_refuses_a_data_stream_it_cannot_continue_and_continues_another_world(
-        tmp_path: Path) -> None:
+        tmp_path: Path, straight: Path) -> None:
     out = tmp_path / "run"
     every_step = "train.checkpoint_every_s=0.001"
     first = _run(out, "single-gpu", 1, free_port(), every_step, fault="kill@4")  # checkpoint at 3
@@ -220,7 +228,5 @@ def test_resume_refuses_a_data_stream_it_cannot_continue_and_continues_another_w
     wider = _run(out, "distributed-ps", 2, free_port(), "train.micro_batch_size=2", resume=True)
     assert wider.returncode == 0, wider.stderr[-3000:]
     assert "continues exactly" in wider.stdout and "at step 3" in wider.stdout
-    straight = tmp_path / "straight"
-    run_to_end(straight, "single-gpu", 1, free_port())
     # Two ranks sum gradients in another order than one process: equal to rounding.
     assert losses(records(out)) == pytest.approx(losses(records(straight)), rel=1e-5)
