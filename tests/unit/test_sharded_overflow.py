@@ -17,10 +17,21 @@ from torch.distributed.fsdp import fully_shard
 
 from train.precision import Precision
 
+# FSDP over all four ranks, and HSDP as 2 replicas x 2 shards: both meshes in one spawn of four
+# processes (each starts by importing torch and FSDP: four processes fewer than a spawn each).
+MESHES = {"fsdp": (4,), "hsdp-2x2": (2, 2)}
 
-def _rank(rank: int, world: int, port: int, mesh_shape: tuple[int, ...], out) -> None:
+
+def _rank(rank: int, world: int, port: int, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    for name, mesh_shape in MESHES.items():
+        out.put((name, *_overflow_step(rank, world, mesh_shape)))
+    dist.destroy_process_group()
+
+
+def _overflow_step(rank: int, world: int, mesh_shape: tuple[int, ...]) -> tuple:
+    """(rank, skipped, changed, finite) of one fp16 step whose last rank overflows."""
     torch.manual_seed(0)
     # One weight row per output; with 4 ranks each holds two rows (HSDP: each replica's pair
     # of ranks holds four).
@@ -41,22 +52,28 @@ def _rank(rank: int, world: int, port: int, mesh_shape: tuple[int, ...], out) ->
     skipped = precision.step(optimizer)
     # The whole parameter: the other ranks' shards move only if those ranks stepped.
     changed = not torch.equal(model.weight.full_tensor(), before)
-    out.put((rank, skipped, changed, finite))
-    dist.destroy_process_group()
+    return rank, skipped, changed, finite
 
 
-
-@pytest.mark.parametrize("mesh_shape", [(4,), (2, 2)], ids=["fsdp", "hsdp-2x2"])
-def test_an_inf_in_one_ranks_shard_skips_the_step_on_every_rank(mesh_shape):
+@pytest.fixture(scope="module")
+def outcomes() -> dict[str, list[tuple]]:
+    """Each mesh's (rank, skipped, changed, finite) of the four ranks."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, 4, port, mesh_shape, out)) for r in range(4)]
+    procs = [ctx.Process(target=_rank, args=(r, 4, port, out)) for r in range(4)]
     for p in procs:
         p.start()
-    results = sorted(out.get(timeout=120) for _ in procs)
+    results = [out.get(timeout=120) for _ in range(len(procs) * len(MESHES))]
     for p in procs:
         p.join(timeout=60)
+    return {name: sorted(r[1:] for r in results if r[0] == name) for name in MESHES}
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_an_inf_in_one_ranks_shard_skips_the_step_on_every_rank(outcomes, mesh):
+    results = outcomes[mesh]
+    assert len(results) == 4, outcomes
     # Some ranks' shards were finite (else nothing here needed agreeing), yet all skipped.
     assert any(finite for *_, finite in results) and not all(finite for *_, finite in results)
     assert [skipped for _, skipped, _, _ in results] == [True] * 4
