@@ -178,8 +178,12 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
 
             malloc.reexec_with(exp.train.malloc, uses_horovod=spec.needs_horovod)
             _hide_scipy()
+        from hpcdp import distenv
         from train import stop
 
+        # A launch that started another world than the script asked for is refused before
+        # torch loads: 0.3 s a rank, not 5 (train.loop checks it again, for its other callers).
+        distenv.check_world(distenv.detect(), args.expect_world, args.expect_tasks_per_node)
         stop.catch_early()  # before torch loads: a rank signalled while starting must not die
         with without_gc():  # torch and transformers: 0.7 s less per rank (train/imports.py)
             from train.loop import run

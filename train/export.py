@@ -39,10 +39,18 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # torch's n
 RECORD_FILE = "hpcdp.json"
 
 
-def _quiet_transformers() -> None:
-    """No progress bars or advice on stderr: the commands say what they did in one line."""
-    from transformers.utils import logging as hf_logging
+def _load_transformers() -> None:
+    """torch and transformers' models, imported with the garbage collector paused
+    (train/imports.py), and transformers quiet: no progress bars or advice on stderr, the
+    commands say what they did in one line."""
+    from train.imports import without_gc
 
+    with without_gc():
+        import torch  # noqa: F401
+        from transformers import AutoModelForCausalLM  # noqa: F401
+        from transformers.utils import logging as hf_logging
+
+        from train import model  # noqa: F401
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
 
@@ -185,9 +193,9 @@ def export(run_dir: str, to: str, step: int | None = None, dtype: str = "fp32",
                          "replace it")
     run = Path(run_dir).expanduser().absolute()
     path = find_checkpoint(run, step, log=log)
+    _load_transformers()
     import torch
 
-    _quiet_transformers()
     state, meta = load_state(path)
     model, exp = model_from(meta, state, str(path))
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
@@ -232,10 +240,10 @@ def sample(folder: str, prompt: str, max_new_tokens: int = 50, seed: int = 1234,
                          "(`hpcdp export --to DIR`)")
     if not prompt:
         raise UsageError("--prompt is empty: give some text to continue")
+    _load_transformers()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _quiet_transformers()
     tok = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
@@ -266,10 +274,10 @@ def evaluate(source: str, step: int | None = None, log=print) -> dict[str, Any]:
             cleanup = tempfile.mkdtemp(prefix="hpcdp-eval-")
             folder = export(str(path), str(Path(cleanup) / "model"), step=step, log=log)
         record = _exported(folder)
+        _load_transformers()
         import torch
         from transformers import AutoModelForCausalLM
 
-        _quiet_transformers()
         exp = build(Experiment, record["experiment"], "")
         figures = record["figures"]
         world = int(figures.get("world_size") or 1)
@@ -331,10 +339,10 @@ def evaluate_text(folder: str, text_file: str) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError):
         raise UsageError(f"--text {text_file!r}: every line of a .jsonl must be an object "
                          "with a \"text\" string") from None
+    _load_transformers()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _quiet_transformers()
     tok = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     context = model.config.n_positions

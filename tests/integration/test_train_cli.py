@@ -59,14 +59,20 @@ def test_help_imports_neither_torch_nor_transformers() -> None:
 def test_model_commands_refuse_bad_input_before_importing_torch(argv, says, tmp_path) -> None:
     """A typo costs 0.3 s, not the 5 s of torch and transformers (train/export.py)."""
     argv = [str(tmp_path) if a == "RUN" else a for a in argv]
+    done = main_reporting_heavy_imports(argv)
+    one_line_error(done, says)
+    assert "HEAVY []" in done.stdout, done.stdout
+
+
+def main_reporting_heavy_imports(argv: list[str]) -> subprocess.CompletedProcess:
+    """`python -m train ARGV`, which then prints "HEAVY [...]": which of torch and transformers
+    it had imported when it returned."""
     probe = "\n".join([
         "import sys", "from train.__main__ import main", f"code = main({argv!r})",
         "print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))",
         "sys.exit(code)"])
-    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=_env(),
+    return subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=60)
-    one_line_error(done, says)
-    assert "HEAVY []" in done.stdout, done.stdout
 
 
 def test_run_help_lists_the_flags_the_scripts_use() -> None:
@@ -91,13 +97,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str],
 
 
 def test_a_world_the_launcher_did_not_start_fails_fast(tmp_path: Path) -> None:
-    # What a script sees when srun started 1 task where the strategy wants 4.
-    done = train("--experiment", "smoke", "--strategy", "ddp", "--out", str(tmp_path),
-                 "--set", "data.corpus=synthetic", "--expect-world", "4")
+    """What a script sees when srun started 1 task where the strategy wants 4: refused before
+    torch loads (every rank of a wrong launch would spend 5 s on it)."""
+    common = ["--experiment", "smoke", "--strategy", "ddp", "--out", str(tmp_path),
+              "--set", "data.corpus=synthetic"]
+    done = main_reporting_heavy_imports([*common, "--expect-world", "4"])
     one_line_error(done, "started with 1 process", "asked for 4")
-    done = train("--experiment", "smoke", "--strategy", "ddp", "--out", str(tmp_path),
-                 "--set", "data.corpus=synthetic", "--expect-tasks-per-node", "2")
+    assert "HEAVY []" in done.stdout, done.stdout
+    done = main_reporting_heavy_imports([*common, "--expect-tasks-per-node", "2"])
     one_line_error(done, "asked for 2 per node")
+    assert "HEAVY []" in done.stdout, done.stdout
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
