@@ -178,26 +178,7 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
 
             malloc.reexec_with(exp.train.malloc, uses_horovod=spec.needs_horovod)
             _hide_scipy()
-        from hpcdp import distenv
-        from train import stop
-
-        # A launch that started another world than the script asked for is refused before
-        # torch loads: 0.3 s a rank, not 5 (train.loop checks it again, for its other callers).
-        distenv.check_world(distenv.detect(), args.expect_world, args.expect_tasks_per_node)
-        stop.catch_early()  # before torch loads: a rank signalled while starting must not die
-        with without_gc():  # torch and transformers: 0.7 s less per rank (train/imports.py)
-            from train.loop import run
-
-        code = 1
-        try:
-            summary = run(exp, args.strategy, args.out, args.resume,
-                          expect_world=args.expect_world,
-                          expect_tasks_per_node=args.expect_tasks_per_node)
-            # Stopped by SIGTERM/SIGUSR1 after a checkpoint: not finished, as 128 + SIGTERM.
-            code = 0 if summary["status"] == "completed" else INTERRUPTED_EXIT
-        finally:
-            _record_exit(args.out, code)
-        return code
+        return _train(exp, args)
     except UsageError as exc:
         if str(exc):  # AlreadySaid: another rank said it
             say_error(f"error: {one_line(str(exc))}")
@@ -206,6 +187,30 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
         if not _said_a_peer_is_gone(exc):
             raise
         return 1
+
+
+def _train(exp, args: argparse.Namespace) -> int:
+    """This process's rank of the run: 0 when it completed, INTERRUPTED_EXIT when a stop signal
+    ended it after a checkpoint."""
+    from hpcdp import distenv
+    from train import stop
+
+    # A launch that started another world than the script asked for is refused before torch
+    # loads: 0.3 s a rank, not 5 (train.loop checks it again, for its other callers).
+    distenv.check_world(distenv.detect(), args.expect_world, args.expect_tasks_per_node)
+    stop.catch_early()  # before torch loads: a rank signalled while starting must not die
+    with without_gc():  # torch and transformers: 0.7 s less per rank (train/imports.py)
+        from train.loop import run
+
+    code = 1
+    try:
+        summary = run(exp, args.strategy, args.out, args.resume, expect_world=args.expect_world,
+                      expect_tasks_per_node=args.expect_tasks_per_node)
+        # Stopped by SIGTERM/SIGUSR1 after a checkpoint: not finished, as 128 + SIGTERM.
+        code = 0 if summary["status"] == "completed" else INTERRUPTED_EXIT
+    finally:
+        _record_exit(args.out, code)
+    return code
 
 
 def say_error(line: str) -> None:
