@@ -6,7 +6,7 @@
 #
 # Why a script and not a pip extra: Horovod's sdist has no pyproject.toml, so it must be built with
 # --no-build-isolation against the torch that is already installed, and 0.28.1 needs a C++17 fix
-# for torch >= 2.1 (see scripts/horovod-cxx17/ and docs/horovod.md). The build takes 3-6 minutes on
+# for torch >= 2.1 (see scripts/horovod-cxx17/ and docs/horovod.md). The build takes 2-4 minutes on
 # 2 cores; the wheel is cached per (Horovod, torch, Python, cpu/gpu) so later installs take seconds.
 #
 # Exit codes: 0 ok, 1 build or verification failed, 2 bad usage, 3 a prerequisite is missing and
@@ -176,7 +176,7 @@ else
         gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL)
     fi
     say "building Horovod $HOROVOD_VERSION for torch $torch_version, Python $python_version, ops: $ops"
-    say "this takes 3-6 minutes on 2 cores; log: $build_log"
+    say "this takes 2-4 minutes on 2 cores; log: $build_log"
     build_start_s=$(date +%s)
     # CMAKE_TOOLCHAIN_FILE is set for this one command only: anything else CMake builds must not
     # inherit the C++17 override.

@@ -103,7 +103,7 @@ build_horovod=0
 if [ "$with_horovod" = 1 ]; then
     if command -v mpicc >/dev/null || [ "$(id -u)" = 0 ]; then
         build_horovod=1
-        say "Horovod: building in the background unless cached (3-6 minutes; its log follows)"
+        say "Horovod: building in the background unless cached (2-4 minutes; its log follows)"
         background "horovod-build" bash "$ROOT/scripts/install-horovod.sh" --venv "$VENV" --build-only
     else
         say "skipping Horovod: Open MPI (mpicc) is missing and this is not root"

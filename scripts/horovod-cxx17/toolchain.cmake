@@ -1,4 +1,5 @@
-# CMake toolchain file that makes Horovod 0.28.1 compile as C++17 (torch >= 2.1 needs it).
+# CMake toolchain file that makes Horovod 0.28.1 compile as C++17 (torch >= 2.1 needs it), and
+# without debug information (a shorter build, a smaller wheel; cxx17-override.cmake says why).
 # Horovod's CMakeLists set CMAKE_CXX_STANDARD 14 and strip -std= from CXXFLAGS, so instead we
 # change what "C++11/14" means to the compiler: the override file below is read right after
 # CMake's own GNU/Clang rules and maps both standards' flags to C++17.

@@ -1,7 +1,7 @@
 """scripts/install-horovod.sh and the Horovod it installs: real build checks, real 2-process runs.
 
 The tests marked `horovod` need Horovod importable in the venv that runs pytest (run
-scripts/install-horovod.sh once; it takes 3-6 minutes on 2 cores) and skip with the reason
+scripts/install-horovod.sh once; it takes 2-4 minutes on 2 cores) and skip with the reason
 otherwise. The argument tests run everywhere.
 
 test_second_install_reuses_cached_wheel reinstalls the cached wheel into a side venv that sees
@@ -200,7 +200,7 @@ def test_second_install_reuses_cached_wheel(tmp_path: Path) -> None:
     if not wheels:
         pytest.skip(
             f"no cached wheel in {cache_dir}: Horovod was installed some other way; "
-            "run scripts/install-horovod.sh once to fill the cache (a build takes 3-6 minutes)"
+            "run scripts/install-horovod.sh once to fill the cache (a build takes 2-4 minutes)"
         )
 
     # Installed and no --force: it must do nothing at all.
