@@ -15,10 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from hpcdp import strategies
 from hpcdp.errors import ArgumentParser, UsageError, one_line, positive_int
 from train.imports import without_gc
+
+if TYPE_CHECKING:
+    from hpcdp.config import Experiment
 
 INTERRUPTED_EXIT = 143
 
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
         return 1
 
 
-def _train(exp, args: argparse.Namespace) -> int:
+def _train(exp: Experiment, args: argparse.Namespace) -> int:
     """This process's rank of the run: 0 when it completed, INTERRUPTED_EXIT when a stop signal
     ended it after a checkpoint."""
     from hpcdp import distenv
