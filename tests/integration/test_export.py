@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from horovod_probe import horovod_importable
+from horovod_probe import SKIP_REASON, horovod_importable
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ["train.steps=6", "train.checkpoint_interval=6", "train.eval_interval=6",
@@ -77,7 +77,7 @@ def checkpoint_state(path: Path, tmp_path: Path) -> dict:
     ("distributed-ps", 2, ".pt"), ("horovod", 2, ".pt"), ("fsdp", 4, ".dcp"), ("zero1", 2, ".pt")])
 def test_every_strategy_exports_what_it_trained(strategy, ranks, suffix, tmp_path, request):
     if strategy == "horovod" and not horovod_importable():
-        pytest.skip("Horovod is not installed (scripts/install-horovod.sh)")
+        pytest.skip(SKIP_REASON)
     from transformers import GPT2LMHeadModel
 
     if strategy == "distributed-ps":  # the run test_a_run_started_from_an_export reads too

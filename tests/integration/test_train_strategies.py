@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 from free_port import free_port
-from horovod_probe import horovod_importable
+from horovod_probe import SKIP_REASON, horovod_importable
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 20
@@ -35,7 +35,6 @@ STEPS = 20
 COMMON = [f"train.steps={STEPS}", "train.log_interval=1", "train.eval_interval=10",
           "train.checkpoint_interval=0", "train.warmup_steps=5", "train.lr=2.0e-3",
           "train.min_lr=2.0e-4", "train.seed=7"]
-HOROVOD_MISSING = "horovod is not installed: run scripts/install-horovod.sh"
 
 
 def _env() -> dict[str, str]:
@@ -112,7 +111,7 @@ class Runs:
         if name not in self.done:
             kind, micro, _, _ = RUNS[name]
             if "horovod" in kind and not horovod_importable():
-                pytest.skip(HOROVOD_MISSING)
+                pytest.skip(SKIP_REASON)
             out = self.root / name
             result = train(out, name, kind, [*COMMON, self.data_setting,
                                              f"train.micro_batch_size={micro}"],
@@ -209,7 +208,7 @@ def test_one_rank_keeps_gradients_local_and_trains_like_single_gpu(
     wrapper, so their step is single-gpu's, fsdp-apex's its bf16 twin's (bench/overhead.py
     measured the wrappers at about 10% of a tiny step, fully_shard at 20%)."""
     if kind == "mpirun" and not horovod_importable():
-        pytest.skip(HOROVOD_MISSING)
+        pytest.skip(SKIP_REASON)
     result = train(tmp_path, name, kind, [*COMMON, runs.data_setting,
                                           "train.micro_batch_size=8"], port=free_port(), ranks=1)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
