@@ -86,6 +86,38 @@ def two_node_campaign(slurm_cluster, tmp_path_factory) -> dict:
             "strategies": strategies, "has_horovod": has_horovod}
 
 
+@pytest.fixture(scope="session")
+def requeued_ddp(slurm_cluster, tmp_path_factory) -> dict:
+    """Two `hpcdp submit` jobs of DDP on 2 nodes (slurm_jobs.REQUEUED_DDP_SETTINGS): one
+    straight, and one with the three trackers that pauses at step 4 until Slurm's time-limit
+    signal (USR2) stops it, then is requeued and resumes. Shared by test_resume_every_strategy
+    (the resumed losses equal the straight ones), test_tracked_runs (each tracker holds every
+    step once) and test_preemption (the reference of its preempted job): two jobs instead of
+    four. {"straight": dir, "stopped": dir, "infos": {"straight"|"stopped": slurm.JobInfo}}."""
+    import subprocess
+
+    from slurm_jobs import (
+        REQUEUED_DDP_PAUSE,
+        REQUEUED_DDP_SETTINGS,
+        TRACKERS,
+        sets,
+        submit,
+        wait_all,
+        wait_for_step,
+    )
+
+    tmp = tmp_path_factory.mktemp("requeued-ddp")
+    straight = submit(tmp, "distributed-ps", 2, tmp / "straight", *REQUEUED_DDP_SETTINGS)
+    stopped = submit(tmp, "distributed-ps", 2, tmp / "stopped", *REQUEUED_DDP_SETTINGS,
+                     *sets(TRACKERS), env={"HPCDP_FAULT": f"pause@{REQUEUED_DDP_PAUSE}"})
+    wait_for_step(stopped[1], REQUEUED_DDP_PAUSE)
+    # What Slurm sends the batch shell before the time limit (--signal=B:USR2@...).
+    subprocess.run(["scancel", "--batch", "--signal=USR2", stopped[0]], check=True)
+    infos = wait_all([straight[0], stopped[0]], timeout_s=600)
+    return {"straight": straight[1], "stopped": stopped[1],
+            "infos": {"straight": infos[straight[0]], "stopped": infos[stopped[0]]}}
+
+
 LOCAL_DDP_STEPS = 14
 
 

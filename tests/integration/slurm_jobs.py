@@ -60,3 +60,13 @@ def wait_for_step(run_dir: Path, step: int, timeout_s: float = 300) -> None:
         assert time.monotonic() < deadline, f"{run_dir}: step {step} never logged\n" + logs(
             run_dir)[-3000:]
         time.sleep(0.5)
+
+
+# tests/conftest.py's `requeued_ddp`: DDP on 2 nodes, every step logged, no checkpoint but the
+# one a stop takes. Jobs compared with it bit for bit run with exactly these settings.
+REQUEUED_DDP_STEPS, REQUEUED_DDP_PAUSE = 10, 4
+REQUEUED_DDP_SETTINGS = sets(f"train.steps={REQUEUED_DDP_STEPS}", "train.log_interval=1",
+                             "train.eval_interval=5", "train.checkpoint_interval=0",
+                             "train.checkpoint_every_s=0", "train.micro_batch_size=4",
+                             "data.corpus=synthetic")
+TRACKERS = "train.trackers=[tensorboard,mlflow,wandb]"

@@ -11,25 +11,33 @@ import subprocess
 import sys
 
 import pytest
-from slurm_jobs import logs, records, sets, submit, wait_all, wait_for_step
+from slurm_jobs import (
+    REQUEUED_DDP_PAUSE,
+    REQUEUED_DDP_SETTINGS,
+    REQUEUED_DDP_STEPS,
+    logs,
+    records,
+    sets,
+    submit,
+    wait_all,
+    wait_for_step,
+)
 
 pytestmark = pytest.mark.slurm
 
-STEPS, PAUSE_AT = 12, 4
+STEPS, PAUSE_AT = REQUEUED_DDP_STEPS, REQUEUED_DDP_PAUSE
 NODES = "node3,node4"  # by name: the high job must need exactly the low job's nodes
-SETTINGS = sets(f"train.steps={STEPS}", "train.eval_interval=0", "train.checkpoint_interval=0",
-                "train.checkpoint_every_s=0", "train.micro_batch_size=4",
-                "data.corpus=synthetic", f"cluster.extra_sbatch=['--nodelist={NODES}']")
+# tests/conftest.py's straight DDP job is the reference: the same settings, placed otherwise.
+SETTINGS = [*REQUEUED_DDP_SETTINGS, *sets(f"cluster.extra_sbatch=['--nodelist={NODES}']")]
 
 
-def test_a_preempted_job_checkpoints_is_requeued_once_and_resumes(slurm_cluster, tmp_path):
+def test_a_preempted_job_checkpoints_is_requeued_once_and_resumes(slurm_cluster, requeued_ddp,
+                                                                  tmp_path):
     partitions = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True,
                                 text=True).stdout.split()
     if "low" not in partitions or "high" not in partitions:
         pytest.skip("this cluster has no low/high partitions (restart: hpcdp cluster down; up)")
-    straight_id, straight = submit(tmp_path, "distributed-ps", 2, tmp_path / "straight",
-                                   *SETTINGS)
-    wait_all([straight_id], timeout_s=300)
+    straight = requeued_ddp["straight"]
     low_id, run_dir = submit(tmp_path, "distributed-ps", 2, tmp_path / "low", *SETTINGS,
                              "--set", "cluster.partition=low",
                              env={"HPCDP_FAULT": f"pause@{PAUSE_AT}"})

@@ -16,7 +16,16 @@ import sys
 
 import pytest
 from horovod_probe import SKIP_REASON, horovod_importable
-from slurm_jobs import logs, records, sets, submit, wait_all, wait_for_step
+from slurm_jobs import (
+    REQUEUED_DDP_PAUSE,
+    REQUEUED_DDP_STEPS,
+    logs,
+    records,
+    sets,
+    submit,
+    wait_all,
+    wait_for_step,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -25,11 +34,12 @@ SETTINGS = sets(f"train.steps={STEPS}", "train.log_interval=1", "train.eval_inte
                 "train.checkpoint_interval=0", "train.micro_batch_size=4",
                 "data.corpus=synthetic")
 
-# (strategy, nodes, Horovod controller or None)
+# (strategy, nodes, Horovod controller or None). DDP's pair comes from tests/conftest.py's
+# `requeued_ddp` (shared with test_tracked_runs.py and test_preemption.py), with the trackers
+# on in its stopped job and an evaluation at steps 5 and 10.
 CELLS = [
     ("single-gpu", 1, None),
     ("single-ps", 1, None),
-    ("distributed-ps", 2, None),
     ("horovod", 2, "mpi"),
     ("horovod-apex", 2, "mpi"),
 ]
@@ -43,7 +53,8 @@ def _losses(recs: list[dict], kind: str, field: str) -> dict[int, float]:
     return {r["step"]: r[field] for r in recs if r["kind"] == kind}
 
 
-def test_every_strategy_resumes_with_the_uninterrupted_losses(slurm_cluster, tmp_path):
+def test_every_strategy_resumes_with_the_uninterrupted_losses(slurm_cluster, requeued_ddp,
+                                                                tmp_path):
     cells = [c for c in CELLS if c[2] is None or horovod_importable()]
     if len(cells) < len(CELLS):
         pytest.skip(SKIP_REASON)
@@ -63,27 +74,35 @@ def test_every_strategy_resumes_with_the_uninterrupted_losses(slurm_cluster, tmp
         subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
 
     infos = wait_all([j for pair in jobs.values() for j, _ in pair], timeout_s=900)
-    for label, ((straight_id, straight_dir), (stopped_id, stopped_dir)) in jobs.items():
-        for job_id, run_dir in ((straight_id, straight_dir), (stopped_id, stopped_dir)):
-            assert infos[job_id].state == "COMPLETED", f"{label}\n{logs(run_dir)[-4000:]}"
+    # label -> (straight dir, its JobInfo, stopped dir, its JobInfo, steps, pause step)
+    ended = {label: (straight_dir, infos[straight_id], stopped_dir, infos[stopped_id],
+                     STEPS, PAUSE_AT)
+             for label, ((straight_id, straight_dir), (stopped_id, stopped_dir)) in jobs.items()}
+    ended["distributed-ps-plain"] = (requeued_ddp["straight"], requeued_ddp["infos"]["straight"],
+                                     requeued_ddp["stopped"], requeued_ddp["infos"]["stopped"],
+                                     REQUEUED_DDP_STEPS, REQUEUED_DDP_PAUSE)
+    for label, (straight_dir, straight_info, stopped_dir, stopped_info, steps, pause) in (
+            ended.items()):
+        for info, run_dir in ((straight_info, straight_dir), (stopped_info, stopped_dir)):
+            assert info.state == "COMPLETED", f"{label}\n{logs(run_dir)[-4000:]}"
         resumed = records(stopped_dir)
         headers = [r for r in resumed if r["kind"] == "header"]
-        assert [h["start_step"] for h in headers] == [0, PAUSE_AT], label
-        assert infos[stopped_id].restarts == 1, (label, infos[stopped_id])
+        assert [h["start_step"] for h in headers] == [0, pause], label
+        assert stopped_info.restarts == 1, (label, stopped_info)
         summaries = [r for r in resumed if r["kind"] == "summary"]
         assert [s["status"] for s in summaries] == ["interrupted", "completed"], label
         reference = records(straight_dir)
         # Same seed, threads and world: every step's loss is bit-identical, not merely close.
         assert _losses(resumed, "step", "loss") == _losses(reference, "step", "loss"), label
-        assert sorted(_losses(resumed, "step", "loss")) == list(range(1, STEPS + 1)), label
+        assert sorted(_losses(resumed, "step", "loss")) == list(range(1, steps + 1)), label
         assert summaries[-1]["final_loss"] == reference[-1]["final_loss"], label
         assert summaries[-1]["final_val_loss"] == reference[-1]["final_val_loss"], label
         assert "requeueing job" in logs(stopped_dir), label  # the batch shell requeued it
     # harvest reads a requeued run as one COMPLETED run of two segments, restarted once
     # (this was tests/integration/test_requeue.py, on DDP over two nodes)
-    _, ddp_dir = jobs["distributed-ps-plain"][1]
-    harvest = subprocess.run([sys.executable, "-m", "hpcdp", "harvest", str(ddp_dir),
-                              "--format", "json", "--no-plots"], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=120, check=True)
+    harvest = subprocess.run([sys.executable, "-m", "hpcdp", "harvest",
+                              str(requeued_ddp["stopped"]), "--format", "json", "--no-plots"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                             check=True)
     (row,) = json.loads(harvest.stdout)["runs"]
     assert (row["segments"], row["restarts"], row["state"]) == (2, 1, "COMPLETED")

@@ -2,8 +2,9 @@
 reader (tracker_files.py):
 
 - a 2-node DDP job on the local cluster with TensorBoard, MLflow and W&B (offline), stopped by
-  Slurm's time-limit signal at step 4, requeued and resumed: each tracker holds one run with
-  every step exactly once, equal to metrics.jsonl's losses;
+  Slurm's time-limit signal at step 4, requeued and resumed (tests/conftest.py's
+  `requeued_ddp`): each tracker holds one run with every step exactly once, equal to
+  metrics.jsonl's losses;
 - a tracker whose package is missing and one that fails (an MLflow store it cannot write) cost
   one warning line each, and the run trains to the end;
 - `hpcdp harvest --to tensorboard|mlflow` exports a run that trained without trackers, once.
@@ -19,14 +20,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_jobs import logs, records, sets, submit, wait_all, wait_for_step
+from slurm_jobs import REQUEUED_DDP_PAUSE, REQUEUED_DDP_STEPS, TRACKERS, logs, records, sets
 from tracker_files import mlflow_runs, tensorboard_scalars, wandb_runs
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS, PAUSE_AT = 10, 4
-TRACKERS = "train.trackers=[tensorboard,mlflow,wandb]"
-SETTINGS = sets(f"train.steps={STEPS}", "train.log_interval=1", "train.eval_interval=5",
-                "train.checkpoint_interval=0", "data.corpus=synthetic")
+STEPS, PAUSE_AT = REQUEUED_DDP_STEPS, REQUEUED_DDP_PAUSE
 
 
 def _losses(recs: list[dict]) -> dict[int, float]:
@@ -38,13 +36,11 @@ def _summaries(recs: list[dict]) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def resumed_run(slurm_cluster, tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("tracking")
-    job_id, run_dir = submit(tmp, "distributed-ps", 2, tmp / "ddp", *SETTINGS, *sets(TRACKERS),
-                             env={"HPCDP_FAULT": f"pause@{PAUSE_AT}"})
-    wait_for_step(run_dir, PAUSE_AT)
-    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
-    info = wait_all([job_id], timeout_s=600)[job_id]
+def resumed_run(requeued_ddp) -> Path:
+    """tests/conftest.py's stopped DDP job: the trackers on, an evaluation at steps 5 and 10,
+    paused at step 4 until Slurm's USR2, requeued, resumed (test_resume_every_strategy.py
+    holds its losses to the straight job's)."""
+    info, run_dir = requeued_ddp["infos"]["stopped"], requeued_ddp["stopped"]
     assert info.state == "COMPLETED" and info.restarts == 1, logs(run_dir)[-4000:]
     return run_dir
 
