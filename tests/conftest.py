@@ -143,6 +143,38 @@ def local_ddp_run(tmp_path_factory) -> dict:
             "steps": LOCAL_DDP_STEPS}
 
 
+LOCAL_HOROVOD_SETTINGS = ["train.steps=6", "train.checkpoint_interval=6", "train.eval_interval=6",
+                          "data.corpus=synthetic", "train.log_interval=1"]
+
+
+@pytest.fixture(scope="session")
+def local_horovod_run(tmp_path_factory) -> dict:
+    """`hpcdp run -s horovod --ranks 2` twice into one folder (LOCAL_HOROVOD_SETTINGS: a
+    checkpoint and an evaluation at step 6): the second run resumes from the first one's last
+    checkpoint and has nothing to do. Shared by test_local_run.py (the resume must not
+    deadlock) and test_export.py (Horovod's checkpoint exported): one run pair instead of two.
+    {"run_dir", "outputs": [stdout of each run]}; skips where Horovod is not installed."""
+    import subprocess
+    import sys
+
+    from horovod_probe import SKIP_REASON, horovod_importable
+
+    if not horovod_importable():
+        pytest.skip(SKIP_REASON)
+    tmp = tmp_path_factory.mktemp("local-horovod")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
+    command = [sys.executable, "-m", "hpcdp", "run", "--strategy", "horovod", "--ranks", "2",
+               "--out", str(tmp / "runs"), *[a for s in LOCAL_HOROVOD_SETTINGS
+                                             for a in ("--set", s)]]
+    outputs = []
+    for _ in range(2):
+        done = subprocess.run(command, cwd=tmp, env=env | {"OMP_NUM_THREADS": "1"},
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        outputs.append(done.stdout)
+    return {"run_dir": tmp / "runs" / "smoke" / "horovod-1n", "outputs": outputs}
+
+
 @pytest.fixture
 def matches_golden():
     """check(text, path, regenerate): `text` equals the golden file at `path`, or the test

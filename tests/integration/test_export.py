@@ -18,6 +18,7 @@ import torch
 from horovod_probe import SKIP_REASON, horovod_importable
 
 ROOT = Path(__file__).resolve().parents[2]
+# Horovod's run is tests/conftest.py's, with the same settings (LOCAL_HOROVOD_SETTINGS).
 SETS = ["train.steps=6", "train.checkpoint_interval=6", "train.eval_interval=6",
         "data.corpus=synthetic", "train.log_interval=1"]
 
@@ -82,6 +83,8 @@ def test_every_strategy_exports_what_it_trained(strategy, ranks, suffix, tmp_pat
 
     if strategy == "distributed-ps":  # the run test_a_run_started_from_an_export reads too
         run_dir = request.getfixturevalue("ddp_shakespeare")[0]
+    elif strategy == "horovod":  # tests/conftest.py's, which test_local_run.py resumes
+        run_dir = request.getfixturevalue("local_horovod_run")["run_dir"]
     else:
         run_dir = train(tmp_path, strategy, ranks)
     ckpt = run_dir / "checkpoints" / f"step-0000006{suffix}"

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from horovod_probe import SKIP_REASON, horovod_importable
 
 FAST = ["--set", "train.steps=5", "--set", "train.eval_interval=0",
         "--set", "data.corpus=synthetic"]
@@ -55,22 +54,14 @@ def test_hpcdp_run_refuses_more_than_one_node(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_hpcdp_run_horovod_twice_resumes_instead_of_deadlocking(tmp_path):
+def test_hpcdp_run_horovod_twice_resumes_instead_of_deadlocking(local_horovod_run):
     """The second run resumes from the first one's final checkpoint: rank 0 broadcasts its path,
     the other rank passes None. Before the fix they waited on differently named collectives
-    until the timeout below."""
-    if not horovod_importable():
-        pytest.skip(SKIP_REASON)
-    command = [sys.executable, "-m", "hpcdp", "run", "--strategy", "horovod", "--ranks", "2",
-               "--out", str(tmp_path / "runs"), *FAST]
-    for _ in range(2):
-        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True,
-                                timeout=180)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "resumed from" in result.stdout and "nothing to do" in result.stdout
-    headers = [r for r in records(tmp_path / "runs" / "smoke" / "horovod-1n")
-               if r["kind"] == "header"]
-    assert [h["start_step"] for h in headers] == [0, 5]
+    until the launch's timeout. (tests/conftest.py's two runs, which test_export.py exports.)"""
+    second = local_horovod_run["outputs"][1]
+    assert "resumed from" in second and "nothing to do" in second
+    headers = [r for r in records(local_horovod_run["run_dir"]) if r["kind"] == "header"]
+    assert [h["start_step"] for h in headers] == [0, 6]
 
 
 def test_a_finished_run_folder_is_not_continued_with_other_settings(tmp_path):
