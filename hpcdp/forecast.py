@@ -767,22 +767,25 @@ def _billing(folder: Path, target: ClusterProfile | None) -> dict | None:
 
 
 def _campaign_billing(folder: Path) -> dict | None:
-    """The campaign's own partition's weights (its job's submission record names it), with
-    what sacct billed its job, to set beside the forecast's rate."""
+    """The weights of the partition the campaign's job ran in, with what sacct billed it, to
+    set beside the forecast's rate."""
     from hpcdp import slurm
 
     try:
         submission = json.loads((folder / "submission.json").read_text())
     except (OSError, ValueError):
         return None
-    try:  # the profile it was submitted with names the partition (None: the default one)
-        from hpcdp.config import load_profile
-
-        partition = load_profile(str(submission.get("cluster"))).partition
-    except UsageError:
-        partition = None
-    info = slurm.partition_billing(partition)
     job = slurm.job_billing(str(submission.get("job_id", "")))
+    # sacct's partition: `--set cluster.partition=...` may have moved it off the profile's.
+    partition = job.get("partition") if job else None
+    if partition is None:
+        try:  # the profile it was submitted with names one (None: the default partition)
+            from hpcdp.config import load_profile
+
+            partition = load_profile(str(submission.get("cluster"))).partition
+        except UsageError:
+            partition = None
+    info = slurm.partition_billing(partition)
     if info is not None and job is not None:
         info["campaign_job"] = {"job_id": str(submission.get("job_id")), **job,
                                 "nodes": submission.get("nodes")}

@@ -399,13 +399,14 @@ def _billing_weights(text: str) -> dict[str, float]:
 
 def job_billing(job_id: str, env: Mapping[str, str] | None = None) -> dict | None:
     """A job's billed TRES and energy as sacct records them: {"billing": units per hour of the
-    allocation (AllocTRES billing=N), "elapsed_s", "energy_j" (None: not recorded)}."""
+    allocation (AllocTRES billing=N), "elapsed_s", "energy_j" (None: not recorded),
+    "partition" (where it ran; None if sacct does not say)}."""
     rc, out, _ = _run(["sacct", "-j", str(job_id), "-X", "-n", "-P",
-                       "-o", "AllocTRES,ElapsedRaw,ConsumedEnergyRaw"], env)
+                       "-o", "AllocTRES,ElapsedRaw,ConsumedEnergyRaw,Partition"], env)
     if rc != 0 or not out.strip():
         return None
-    tres, elapsed, energy = (out.strip().splitlines()[0].split("|") + ["", "", ""])[:3]
+    tres, elapsed, energy, partition = (out.strip().splitlines()[0].split("|") + [""] * 4)[:4]
     billing = dict(i.partition("=")[::2] for i in tres.split(",") if "=" in i).get("billing")
     energy_j = _int(energy)
     return {"billing": float(billing) if billing else None, "elapsed_s": _int(elapsed),
-            "energy_j": energy_j or None}
+            "energy_j": energy_j or None, "partition": partition or None}

@@ -286,9 +286,10 @@ EOF
         echo "PartitionName=debug Nodes=$all_nodes Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF TRESBillingWeights=CPU=2.0"
         echo "PartitionName=low Nodes=$all_nodes MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=$PREEMPT_GRACE_S"
         echo "PartitionName=high Nodes=$all_nodes MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
-        # GPU profiles' scripts run here: no CPU-only job lands on these nodes by default.
+        # GPU profiles' scripts run here: no CPU-only job lands on these nodes by default. Its
+        # own billing weight, so that a forecast shows it reads the partition a job ran in.
         if ((${#ALL_NODES[@]} > ${#NODES[@]})); then
-            echo "PartitionName=gpu Nodes=$(IFS=,; echo "${GPU_NODES[*]}") MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF"
+            echo "PartitionName=gpu Nodes=$(IFS=,; echo "${GPU_NODES[*]}") MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF TRESBillingWeights=CPU=3.0"
         fi
     } >>"$CONF.new"
     if ((${#ALL_NODES[@]} > ${#NODES[@]})); then

@@ -64,7 +64,12 @@ def two_node_campaign(slurm_cluster, tmp_path_factory) -> dict:
     """One `hpcdp compare` campaign, shared by test_compare.py and test_forecast_held_out.py
     (one campaign instead of two keeps the suite under its 25 minutes): DDP, Horovod (where
     installed), fsdp and zero1 on 1 and 2 nodes, 2 repeats of 12 steps, with its network
-    probes. {"job_id", "folder", "strategies", "has_horovod"}."""
+    probes. {"job_id", "folder", "strategies", "has_horovod", "partition"}.
+
+    It runs on the gpu partition's two nodes (its CPUs; no GPU is asked for), so that
+    scripts/test.sh runs it beside the debug partition's tests: the tests that read it are
+    marked gpu_partition (pytest_collection_modifyitems). Where the cluster has no gpu
+    partition it runs in debug, queued among the other Slurm tests' jobs."""
     import re
     import subprocess
     import sys
@@ -74,8 +79,12 @@ def two_node_campaign(slurm_cluster, tmp_path_factory) -> dict:
 
     has_horovod = horovod_importable()
     strategies = [s for s in CAMPAIGN_STRATEGIES if has_horovod or s != "horovod"]
+    gpu = subprocess.run(["sinfo", "-h", "-p", "gpu", "-o", "%D"], capture_output=True,
+                         text=True).stdout.split()
+    partition = "gpu" if gpu and int(gpu[0]) >= 2 else "debug"
     settings = [f"matrix.strategies=[{','.join(strategies)}]", "matrix.nodes=[1,2]",
-                "train.steps=12", "train.eval_interval=0", "train.checkpoint_interval=0"]
+                "train.steps=12", "train.eval_interval=0", "train.checkpoint_interval=0",
+                f"cluster.partition={partition}"]
     done = subprocess.run(
         [sys.executable, "-m", "hpcdp", "compare", "--out", str(tmp / "runs"), "--repeats", "2",
          *[a for s in settings for a in ("--set", s)], "--wait", "--timeout", "900"],
@@ -83,7 +92,7 @@ def two_node_campaign(slurm_cluster, tmp_path_factory) -> dict:
     assert done.returncode == 0, done.stdout + done.stderr
     return {"job_id": re.search(r"submitted job (\d+)", done.stdout).group(1),
             "folder": Path(re.search(r"run:\s+(\S.*)", done.stdout).group(1).strip()),
-            "strategies": strategies, "has_horovod": has_horovod}
+            "strategies": strategies, "has_horovod": has_horovod, "partition": partition}
 
 
 @pytest.fixture(scope="session")
@@ -203,12 +212,27 @@ def weird_tmp_path(tmp_path: Path) -> Path:
     return path
 
 
+# Modules whose tests without Slurm scripts/test.sh runs in a pytest process of their own,
+# beside the other tests without Slurm and the Slurm tests: about half of the local tests' time
+# (measured per module), and none shares a session fixture with a module outside the set (a
+# session fixture is made once per process).
+SECOND_LOCAL_STREAM = {"test_train_strategies.py", "test_train_resume.py",
+                       "test_checkpoint_damage.py", "test_smoke_settings.py",
+                       "test_accumulation_comm.py", "test_corpora_train.py",
+                       "test_train_metrics.py", "test_train_cli.py", "test_horovod_install.py"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that needs the cluster is marked `slurm`, whether or not its module says so:
-    scripts/test.sh runs `-m slurm` and `-m "not slurm"` as two pytest processes at once."""
+    scripts/test.sh runs the `slurm` tests and the others as separate pytest processes at once
+    (and those of SECOND_LOCAL_STREAM in a third)."""
     for item in items:
         if "slurm_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.slurm)
+        if "two_node_campaign" in item.fixturenames:  # it runs on the gpu partition's nodes
+            item.add_marker(pytest.mark.gpu_partition)
+        if item.path.name in SECOND_LOCAL_STREAM:
+            item.add_marker(pytest.mark.second_local_stream)
 
 
 # Tests that failed while a cluster daemon died under them, and were run once more.

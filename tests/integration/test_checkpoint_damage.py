@@ -1,13 +1,18 @@
 """Checkpoints that cannot be trusted or written (issue 19, items 2 and 3): a damaged newest
 checkpoint is skipped for the intact one before it (a file, and a sharded folder of which one
 rank's shard is damaged), none intact is one line, and a disk that fills while writing is one
-line with the temporary file gone and a resume that continues."""
+line with the temporary file gone and a resume that continues. The damaged checkpoints are
+those a run through a full disk left (one training per strategy serves both)."""
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -35,9 +40,85 @@ def checkpoints(out: Path) -> list[str]:
     return sorted(p.name for p in (out / "checkpoints").iterdir())
 
 
-def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one(tmp_path):
-    out = tmp_path / "run"
-    assert train(out, 12).returncode == 0
+def hpcdp_run(strategy: str, out: Path, steps: int) -> subprocess.CompletedProcess:
+    """The issue's way in: `hpcdp run` on 2 local ranks (torchrun under it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
+    env.update(OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "hpcdp", "run", "-s", strategy, "--ranks", "2", "--out", str(out),
+         "--set", f"train.steps={steps}", *[a for s in SETS for a in ("--set", s)]],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@dataclass
+class FullDiskRun:
+    """One strategy's 12 steps through a disk that fills at the step-8 checkpoint: the run that
+    failed there (None where no tmpfs could be mounted), what it left, the rerun once there is
+    room, and the run folder, which then holds the step-8 and step-12 checkpoints."""
+
+    failed: subprocess.CompletedProcess | None
+    left: dict[str, list[str]]
+    rerun: subprocess.CompletedProcess
+    run_dir: Path
+    why_not: str
+
+    def failed_or_skip(self) -> subprocess.CompletedProcess:
+        if self.failed is None:
+            pytest.skip(f"cannot mount a tmpfs here (not root?): {self.why_not}")
+        return self.failed
+
+    def copy_to(self, to: Path) -> Path:
+        assert self.rerun.returncode == 0, self.rerun.stdout[-2000:] + self.rerun.stderr[-2000:]
+        shutil.copytree(self.run_dir, to)
+        return to
+
+
+@pytest.fixture(scope="module")
+def through_a_full_disk(tmp_path_factory) -> Iterator[Callable[[str], FullDiskRun]]:
+    """strategy -> its FullDiskRun, made once and shared: the full-disk tests check how it
+    failed and resumed, the damaged-checkpoint tests damage a copy of the folder it leaves (one
+    training fewer each). The disk is a real 8 MB tmpfs (root only): room for one checkpoint of
+    the smoke model (5.4 MB, a file or a 2-rank DCP folder), not for the next one beside it.
+    Where none can be mounted, the run trains on the normal disk and the full-disk tests skip.
+    single-gpu starts as `python -m train`, the others as `hpcdp run` on 2 ranks."""
+    made: dict[str, FullDiskRun] = {}
+    mounts: list[Path] = []
+
+    def run_through(strategy: str) -> FullDiskRun:
+        if strategy in made:
+            return made[strategy]
+        disk = tmp_path_factory.mktemp(strategy) / "disk"
+        disk.mkdir()
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)],
+                                 capture_output=True, text=True)
+        if mounted.returncode == 0:
+            mounts.append(disk)
+        if strategy == "single-gpu":
+            run_dir = disk / "run"
+            launch = functools.partial(train, run_dir, 12)
+        else:
+            run_dir = disk / "smoke" / f"{strategy}-1n"
+            launch = functools.partial(hpcdp_run, strategy, disk, 12)
+        failed, left = None, {}
+        if mounted.returncode == 0:
+            failed = launch()
+            left = {"checkpoints": checkpoints(run_dir),
+                    "exits": sorted(p.name for p in (run_dir / "ranks").glob("exit-*"))}
+            subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        rerun = launch(resume=True) if strategy == "single-gpu" else launch()
+        made[strategy] = FullDiskRun(failed, left, rerun, run_dir, mounted.stderr.strip())
+        return made[strategy]
+
+    try:
+        yield run_through
+    finally:
+        for disk in mounts:
+            subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one(through_a_full_disk,
+                                                                  tmp_path):
+    out = through_a_full_disk("single-gpu").copy_to(tmp_path / "run")
     assert checkpoints(out) == ["step-0000008.pt", "step-0000008.pt.sha256",
                                 "step-0000012.pt", "step-0000012.pt.sha256"]
     newest = out / "checkpoints" / "step-0000012.pt"
@@ -63,13 +144,12 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def test_a_sharded_checkpoint_with_one_damaged_shard_falls_back_to_the_intact_one(tmp_path):
+def test_a_sharded_checkpoint_with_one_damaged_shard_falls_back_to_the_intact_one(
+        through_a_full_disk, tmp_path):
     """fsdp on 2 ranks: each rank writes its shard into step-N.dcp/; the size and digest of
     every file are recorded beside it, so rank 1's shard cut short makes the whole folder
     untrusted, and the resume takes the one before, as it does for a file."""
-    out = tmp_path / "run"
-    first = train(out, 12, strategy="fsdp", ranks=2)
-    assert first.returncode == 0, first.stderr[-2000:]
+    out = through_a_full_disk("fsdp").copy_to(tmp_path / "run")
     assert checkpoints(out) == ["step-0000008.dcp", "step-0000008.dcp.sha256",
                                 "step-0000012.dcp", "step-0000012.dcp.sha256"]
     shards = sorted((out / "checkpoints" / "step-0000012.dcp").glob("*.distcp"))
@@ -83,58 +163,32 @@ def test_a_sharded_checkpoint_with_one_damaged_shard_falls_back_to_the_intact_on
     assert "at step 8" in done.stdout and "Traceback" not in done.stderr
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 8 MB tmpfs (root only): room for one checkpoint of the smoke model (5.4 MB,
-    a file or a 2-rank DCP folder), not for the next one beside it."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (not root?): {made.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def test_a_full_disk_while_checkpointing_is_one_line_and_the_resume_continues(small_disk):
-    out = small_disk / "run"
-    done = train(out, 12)
+def test_a_full_disk_while_checkpointing_is_one_line_and_the_resume_continues(
+        through_a_full_disk):
+    run = through_a_full_disk("single-gpu")
+    done = run.failed_or_skip()
     assert done.returncode == 1, done.stdout[-1000:] + done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "no space left on device writing checkpoint" in errors[0]
     assert "MB needed" in errors[0] and "Traceback" not in done.stderr
-    left = checkpoints(out)
+    left = run.left["checkpoints"]
     assert not [n for n in left if ".tmp-" in n]  # the temporary file is gone
     assert left and left[0].startswith("step-")  # the checkpoint before it is intact
-    # free space, then resume: it continues from the intact checkpoint
-    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
-    done = train(out, 12, resume=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "resumed from" in done.stdout
-
-
-def hpcdp_run(strategy: str, out: Path, steps: int) -> subprocess.CompletedProcess:
-    """The issue's way in: `hpcdp run` on 2 local ranks (torchrun under it)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
-    env.update(OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdp", "run", "-s", strategy, "--ranks", "2", "--out", str(out),
-         "--set", f"train.steps={steps}", *[a for s in SETS for a in ("--set", s)]],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    # space freed, then resumed: it continued from the intact checkpoint
+    assert run.rerun.returncode == 0, run.rerun.stderr[-2000:]
+    assert "resumed from" in run.rerun.stdout
 
 
 @pytest.mark.parametrize("strategy,suffix", [("fsdp", ".dcp"), ("distributed-ps", ".pt")])
-def test_a_full_disk_during_a_2_rank_save_is_one_line_on_every_rank(small_disk, strategy,
-                                                                       suffix):
+def test_a_full_disk_during_a_2_rank_save_is_one_line_on_every_rank(through_a_full_disk,
+                                                                       strategy, suffix):
     """Issue 36 item 1: a sharded (DCP) save that fills the disk ended in 7 tracebacks with its
     temporary folder left behind (DCP's CheckpointException is a BaseException, and ranks other
     than 0 saved outside the clean-up); a one-file save's line was followed by rank 1's gloo
     traceback. Now: rank 0's one line, the other rank quiet, torchrun's one line, no temporary
     left, every rank's exit recorded, and a resume that continues once there is room."""
-    done = hpcdp_run(strategy, small_disk, 12)
+    run = through_a_full_disk(strategy)
+    done = run.failed_or_skip()
     said = done.stdout + done.stderr
     assert done.returncode == 1, said[-3000:]
     errors = [line for line in said.splitlines() if line.startswith("error:")]
@@ -142,10 +196,8 @@ def test_a_full_disk_during_a_2_rank_save_is_one_line_on_every_rank(small_disk, 
     assert f"step-0000008{suffix}" in errors[0] and "MB free" in errors[0]
     assert "Traceback" not in said and "could not record the exit code" not in said, said
     assert "torchrun: rank" in said and "ChildFailedError" not in said
-    run_dir = small_disk / "smoke" / f"{strategy}-1n"
-    assert checkpoints(run_dir) == [f"step-0000004{suffix}", f"step-0000004{suffix}.sha256"]
-    assert sorted(p.name for p in (run_dir / "ranks").glob("exit-*")) == ["exit-0", "exit-1"]
-    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
-    done = hpcdp_run(strategy, small_disk, 12)
+    assert run.left["checkpoints"] == [f"step-0000004{suffix}", f"step-0000004{suffix}.sha256"]
+    assert run.left["exits"] == ["exit-0", "exit-1"]
+    done = run.rerun
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "at step 4" in done.stdout and "Traceback" not in done.stderr

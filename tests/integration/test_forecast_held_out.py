@@ -122,13 +122,16 @@ def test_bad_input_is_one_line(campaign, tmp_path):
         assert "Traceback" not in done.stderr and not done.stdout
 
 
-def test_billing_is_the_partitions_weights_and_matches_what_sacct_billed(campaign):
-    """The local debug partition bills CPU=2.0 (scripts/local-slurm.sh); a cluster started
-    before that line bills Slurm's default, 1 per CPU: either way the forecast's rate must be
-    what sacct billed the campaign's own (exclusive) job."""
+def test_billing_is_the_partitions_weights_and_matches_what_sacct_billed(two_node_campaign):
+    """The local gpu partition bills CPU=3.0 and debug CPU=2.0 (scripts/local-slurm.sh); a
+    cluster started before those lines bills Slurm's default, 1 per CPU: either way the
+    forecast's rate must be what sacct billed the campaign's own (exclusive) job. The campaign
+    was submitted with the local profile (partition debug) and `--set cluster.partition=gpu`:
+    the weights are those of the partition its job ran in, as sacct says."""
+    campaign = two_node_campaign["folder"]
     result = forecast_json(campaign, "--nodes", "1,2")
     billing = result["billing"]
-    assert billing is not None and billing["partition"] == "debug"
+    assert billing is not None and billing["partition"] == two_node_campaign["partition"]
     weight = (billing["weights"] or {"cpu": 1.0})["cpu"]
     rate = weight * billing["cpus_per_node"]
     job = billing["campaign_job"]

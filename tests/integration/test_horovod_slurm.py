@@ -66,10 +66,10 @@ def check_run(run_dir: Path, job_id: str, world: int, controller: str) -> dict:
     return summary
 
 
-# Two ranks per node only: one rank per node through `hpcdp submit` is what
-# test_resume_every_strategy.py runs for both controllers (and test_train_slurm.py through srun),
-# so the layout left to test is the one with Horovod's local ranks. horovod-apex is resumed over
-# MPI there and trained in test_train_strategies.py: precision does not change the layout.
+# Two ranks per node only: it has both Horovod's local and cross ranks, so it holds the one
+# rank per node layout's rendezvous too (that layout is trained over MPI by
+# test_resume_every_strategy.py). horovod-apex is resumed over MPI there and trained in
+# test_train_strategies.py: precision does not change the layout.
 @pytest.mark.parametrize("strategy, layouts", [("horovod", (2,))])
 def test_horovod_on_two_nodes_both_controllers_both_layouts(strategy, layouts, slurm_cluster,
                                                             tmp_path):

@@ -51,7 +51,7 @@ SAME_AS = {"single-ps": "single-gpu-plain"}
 # Left out to keep the suite under 25 minutes: distributed-ps-apex (mixed precision is resumed
 # by horovod-apex above) and Horovod over Gloo, whose resume is `hpcdp run -s horovod` twice
 # (test_local_run.py, horovodrun --gloo) and whose rendezvous under Slurm is trained in
-# test_horovod_slurm.py and test_train_slurm.py: a requeued job starts it the same way.
+# test_horovod_slurm.py: a requeued job starts it the same way.
 
 
 def _losses(recs: list[dict], kind: str, field: str) -> dict[int, float]:
