@@ -79,9 +79,9 @@ def two_node_campaign(slurm_cluster, tmp_path_factory) -> dict:
 
     has_horovod = horovod_importable()
     strategies = [s for s in CAMPAIGN_STRATEGIES if has_horovod or s != "horovod"]
-    gpu = subprocess.run(["sinfo", "-h", "-p", "gpu", "-o", "%D"], capture_output=True,
-                         text=True).stdout.split()
-    partition = "gpu" if gpu and int(gpu[0]) >= 2 else "debug"
+    from slurm_jobs import beside_partition
+
+    partition = beside_partition()
     settings = [f"matrix.strategies=[{','.join(strategies)}]", "matrix.nodes=[1,2]",
                 "train.steps=12", "train.eval_interval=0", "train.checkpoint_interval=0",
                 f"cluster.partition={partition}"]

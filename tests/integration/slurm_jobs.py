@@ -18,6 +18,16 @@ def sets(*pairs: str) -> list[str]:
     return [arg for pair in pairs for arg in ("--set", pair)]
 
 
+def beside_partition() -> str:
+    """The partition for jobs that run beside the debug partition's tests: the local cluster's
+    gpu partition (two nodes of their own; its CPUs, no GPU asked for), or debug where it has
+    none (the jobs then queue among the others'). Tests that submit there are marked
+    gpu_partition, and scripts/test.sh runs them in a stream beside the Slurm tests."""
+    found = subprocess.run(["sinfo", "-h", "-p", "gpu", "-o", "%D"], capture_output=True,
+                           text=True).stdout.split()
+    return "gpu" if found and int(found[0]) >= 2 else "debug"
+
+
 def submit(cwd: Path, strategy: str, nodes: int, out: Path, *extra: str,
            env: dict[str, str] | None = None) -> tuple[str, Path]:
     """`hpcdp submit` one cell; returns (job id, run dir) as hpcdp printed them."""

@@ -9,12 +9,13 @@ import sys
 
 import pytest
 from horovod_probe import horovod_importable
-from slurm_jobs import records, sets, submit, wait_all
+from slurm_jobs import beside_partition, records, sets, submit, wait_all
 
 from hpcdp import harvest
 from hpcdp.harvest.table import LOSS_PARITY_RTOL
 
-pytestmark = pytest.mark.slurm
+# Its jobs run beside the debug partition's tests (slurm_jobs.beside_partition).
+pytestmark = [pytest.mark.slurm, pytest.mark.gpu_partition]
 
 SETTINGS = sets("train.steps=12", "train.eval_interval=0", "train.checkpoint_interval=0")
 
@@ -25,7 +26,8 @@ def test_compressed_gradients_train_like_fp32_with_half_the_bytes(slurm_cluster,
     if has_horovod:  # DDP's fp32 run is its reference too: the same model, bytes and batch
         cells += [("horovod", "fp16")]
     jobs = {cell: submit(tmp_path, cell[0], 2, tmp_path / f"{cell[0]}-{cell[1]}", *SETTINGS,
-                         *sets(f"train.grad_comm={cell[1]}")) for cell in cells}
+                         *sets(f"train.grad_comm={cell[1]}",
+                               f"cluster.partition={beside_partition()}")) for cell in cells}
     infos = wait_all([job_id for job_id, _ in jobs.values()], timeout_s=600)
     headers = {}
     for cell, (job_id, run_dir) in jobs.items():
