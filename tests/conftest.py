@@ -76,11 +76,10 @@ def two_node_campaign(slurm_cluster, tmp_path_factory) -> dict:
 
     tmp = tmp_path_factory.mktemp("campaign")
     from horovod_probe import horovod_importable
+    from slurm_jobs import beside_partition
 
     has_horovod = horovod_importable()
     strategies = [s for s in CAMPAIGN_STRATEGIES if has_horovod or s != "horovod"]
-    from slurm_jobs import beside_partition
-
     partition = beside_partition()
     settings = [f"matrix.strategies=[{','.join(strategies)}]", "matrix.nodes=[1,2]",
                 "train.steps=12", "train.eval_interval=0", "train.checkpoint_interval=0",
