@@ -32,11 +32,12 @@ CASES = {
 }
 
 
-def cpu_seconds(code: str) -> float:
-    """CPU seconds (user + system) of one fresh interpreter running `code`."""
+def cpu_seconds(code: str, cwd: Path = _common.ROOT, env: dict[str, str] | None = None) -> float:
+    """CPU seconds (user + system) of one fresh interpreter running `code` in `cwd`, with
+    `env` added to this environment."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([_common.PYTHON, "-c", code], cwd=_common.ROOT, check=True,
-                   env=os.environ | {"OMP_NUM_THREADS": "1"})
+    subprocess.run([_common.PYTHON, "-c", code], cwd=cwd, check=True,
+                   env=os.environ | {"OMP_NUM_THREADS": "1"} | (env or {}))
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,20 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
-from import_gc import CASES  # noqa: E402
+from import_gc import CASES, cpu_seconds  # noqa: E402
 
 IMPORT = CASES["collector paused (without_gc)"]
-
-
-def cpu_seconds(folder: Path) -> float:
-    """CPU seconds of one fresh interpreter importing what a rank imports from `folder`."""
-    import resource
-
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([_common.PYTHON, "-c", IMPORT], cwd=folder, check=True,
-                   env=os.environ | {"OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"})
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+NO_BYTECODE_WRITTEN = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def copy_sources(to: Path) -> Path:
@@ -57,8 +45,10 @@ def main() -> None:
         from_source = copy_sources(Path(tmp) / "from-source")
         for package in ("hpcdp", "train"):
             compileall.compile_dir(compiled / package, quiet=1)
-        cases = {"bytecode compiled ahead": lambda: cpu_seconds(compiled),
-                 "compiled in each process": lambda: cpu_seconds(from_source)}
+        cases = {"bytecode compiled ahead":
+                 lambda: cpu_seconds(IMPORT, compiled, NO_BYTECODE_WRITTEN),
+                 "compiled in each process":
+                 lambda: cpu_seconds(IMPORT, from_source, NO_BYTECODE_WRITTEN)}
         values = _common.interleaved(cases, args.rounds)
     _common.print_table(f"CPU seconds of a rank's imports, {args.rounds} rounds",
                         _common.ratio_rows(values, "bytecode compiled ahead"),

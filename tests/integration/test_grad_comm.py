@@ -25,9 +25,10 @@ def test_compressed_gradients_train_like_fp32_with_half_the_bytes(slurm_cluster,
     cells = [("distributed-ps", "fp32"), ("distributed-ps", "bf16")]
     if has_horovod:  # DDP's fp32 run is its reference too: the same model, bytes and batch
         cells += [("horovod", "fp16")]
+    partition = beside_partition()
     jobs = {cell: submit(tmp_path, cell[0], 2, tmp_path / f"{cell[0]}-{cell[1]}", *SETTINGS,
-                         *sets(f"train.grad_comm={cell[1]}",
-                               f"cluster.partition={beside_partition()}")) for cell in cells}
+                         *sets(f"train.grad_comm={cell[1]}", f"cluster.partition={partition}"))
+            for cell in cells}
     infos = wait_all([job_id for job_id, _ in jobs.values()], timeout_s=600)
     headers = {}
     for cell, (job_id, run_dir) in jobs.items():
