@@ -32,6 +32,29 @@ def test_gpt2_124m_has_the_standard_count() -> None:
     assert count_params(model) == 124_439_808  # GPT-2 small, tied embeddings
 
 
+@pytest.mark.parametrize(("preset", "vocab", "seq_len"), [
+    ("tiny", 256, 128), ("tiny", 50_257, 300), ("gpt2-100m", 26_700, 512),
+    ("gpt2-124m", 50_257, 1024)])
+def test_forecast_shapes_are_the_models_parameters_in_order(preset, vocab, seq_len) -> None:
+    """hpcdp/forecast.py's GPT-2 shapes stand in for the model where transformers is not
+    loaded: the forecast's state per rank, and the network probe's gradient size
+    (train/allreduce.py)."""
+    from hpcdp.config import MODEL_PRESETS, model_context
+    from hpcdp.forecast import gpt2_shapes
+    from train.allreduce import gradient_elements
+
+    n_layer, n_embd, _, _ = MODEL_PRESETS[preset]
+    with torch.device("meta"):
+        model = build_model(preset, vocab, seq_len)
+    shapes = gpt2_shapes(n_layer, n_embd, vocab, model_context(preset, seq_len))
+    assert shapes == [tuple(p.shape) for p in model.parameters()]
+    data = {256: {"tokenizer": "bytes"}, 50_257: {"tokenizer": "gpt2"}}.get(
+        vocab, {"tokenizer": "bpe", "vocab_size": vocab})
+    exp = load_experiment("smoke", {"model": {"preset": preset}, "train": {"seq_len": seq_len},
+                                    "data": data})
+    assert gradient_elements(exp) == count_params(model)
+
+
 @pytest.mark.parametrize(("preset", "seq_len"), [("gpt2-100m", 1024), ("tiny", 1025)])
 def test_seq_len_beyond_the_context_is_refused_when_the_experiment_loads(preset, seq_len):
     with pytest.raises(UsageError, match=f"train.seq_len {seq_len}"):
