@@ -196,12 +196,15 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
 def _train(exp: Experiment, args: argparse.Namespace) -> int:
     """This process's rank of the run: 0 when it completed, INTERRUPTED_EXIT when a stop signal
     ended it after a checkpoint."""
-    from hpcdp import distenv
+    from hpcdp import distenv, peaks
     from train import stop
 
-    # A launch that started another world than the script asked for is refused before torch
-    # loads: 0.3 s a rank, not 5 (train.loop checks it again, for its other callers).
+    # A launch that started another world than the script asked for, or a bad
+    # HPCDP_PEAK_FLOPS, is refused before torch loads: 0.3 s a rank, not 5 (train.loop checks
+    # both again, for its other callers).
     distenv.check_world(distenv.detect(), args.expect_world, args.expect_tasks_per_node)
+    if os.environ.get(peaks.OVERRIDE):
+        peaks.peak_flops_override(os.environ[peaks.OVERRIDE])
     stop.catch_early()  # before torch loads: a rank signalled while starting must not die
     with without_gc():  # torch and transformers: 0.7 s less per rank (train/imports.py)
         from train.loop import run
