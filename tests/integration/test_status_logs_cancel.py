@@ -171,9 +171,13 @@ def test_ctrl_c_while_waiting_says_the_job_keeps_running(slurm_cluster, tmp_path
     import subprocess
 
     monkeypatch.setenv("HPCDP_STATE_DIR", str(tmp_path / "state"))
+    # Ctrl-C's SIGINT as at a terminal. A command that a script starts in the background (`&`)
+    # inherits SIGINT ignored, and Python then keeps ignoring it: so does this test's pytest
+    # when the suite runs that way, and the SIGINT below was lost (seen here, 2026-12-06).
     proc = subprocess.Popen([sys.executable, "-m", "hpcdp", "submit", "--strategy", "single-gpu",
                              "--out", str(tmp_path / "runs"), "--wait", *LONG], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     job_id = None
     try:
         for line in proc.stdout:
