@@ -149,10 +149,16 @@ bash "$ROOT/scripts/fetch-gpt2-tokenizer.sh" "$ROOT/data/gpt2/gpt2.tiktoken" \
     || say "could not fetch GPT-2's tokenizer (data.tokenizer gpt2 will say so); go on"
 
 finish "apt-get"
+versions=("$VENV/bin/python" -c "import torch, transformers, hpcdp; print('setup: torch', torch.__version__, '| transformers', transformers.__version__)")
 if [ "$build_horovod" = 1 ]; then
     say "waiting for the Horovod build"
     finish "horovod-build"
+    # The check that torch and transformers import runs beside the install, which leaves a
+    # core idle (it touches neither).
+    background "versions" "${versions[@]}"
     bash "$ROOT/scripts/install-horovod.sh" --venv "$VENV"
+    finish "versions"
+else
+    "${versions[@]}"
 fi
-"$VENV/bin/python" -c "import torch, transformers, hpcdp; print('setup: torch', torch.__version__, '| transformers', transformers.__version__)"
 say "done in $((SECONDS - start)) s; activate with: source .venv/bin/activate"
