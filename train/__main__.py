@@ -196,13 +196,18 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
 def _train(exp: Experiment, args: argparse.Namespace) -> int:
     """This process's rank of the run: 0 when it completed, INTERRUPTED_EXIT when a stop signal
     ended it after a checkpoint."""
+    import socket
+
     from hpcdp import distenv, peaks
     from train import stop
 
-    # A launch that started another world than the script asked for, or a bad
-    # HPCDP_PEAK_FLOPS, is refused before torch loads: 0.3 s a rank, not 5 (train.loop checks
-    # both again, for its other callers).
-    distenv.check_world(distenv.detect(), args.expect_world, args.expect_tasks_per_node)
+    # A launch that started another world than the script asked for, a master address that
+    # is not rank 0's node, or a bad HPCDP_PEAK_FLOPS is refused before torch loads: 0.3 s a
+    # rank, not 5 (train.loop and the strategies check them again, for their other callers).
+    env = distenv.detect()
+    distenv.check_world(env, args.expect_world, args.expect_tasks_per_node)
+    if strategies.get(args.strategy).transport == "torch":  # DDP's family: rendezvous at it
+        distenv.check_master_is_rank0_node(env, socket.gethostname())
     if os.environ.get(peaks.OVERRIDE):
         peaks.peak_flops_override(os.environ[peaks.OVERRIDE])
     stop.catch_early()  # before torch loads: a rank signalled while starting must not die
