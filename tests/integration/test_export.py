@@ -1,5 +1,5 @@
-"""The trained model leaves hpcdp (issue 35): real runs of DDP, Horovod, fsdp (saved on 4 ranks)
-and zero1, each exported with `hpcdp export` (the sharded one without any process group), then
+"""The trained model leaves hpcdp (issue 35): real runs of DDP, Horovod and fsdp (saved on 4
+ranks), each exported with `hpcdp export` (the sharded one without any process group), then
 read back by transformers itself: the same logits as the checkpoint holds (torch's own
 converters read it independently), and `hpcdp eval`'s loss equal to the validation loss the
 run logged at that step. A new run started from the export with model.init_from continues at
@@ -74,8 +74,10 @@ def checkpoint_state(path: Path, tmp_path: Path) -> dict:
     return torch.load(path, weights_only=False)["model"]
 
 
+# zero1 is left out: it is DDP with a sharded optimizer, and saves the model as DDP does (rank 0's
+# whole state in one .pt, train/strategies/zero.py); export reads only the model.
 @pytest.mark.parametrize("strategy,ranks,suffix", [
-    ("distributed-ps", 2, ".pt"), ("horovod", 2, ".pt"), ("fsdp", 4, ".dcp"), ("zero1", 2, ".pt")])
+    ("distributed-ps", 2, ".pt"), ("horovod", 2, ".pt"), ("fsdp", 4, ".dcp")])
 def test_every_strategy_exports_what_it_trained(strategy, ranks, suffix, tmp_path, request):
     if strategy == "horovod" and not horovod_importable():
         pytest.skip(SKIP_REASON)
