@@ -3,9 +3,9 @@ micro-batch: every micro-step but the last runs with set_requires_gradient_sync(
 (train/strategies/fsdp.py `no_sync`; issue 20 item 2). Counted, not timed: a real two-rank gloo
 run under torchrun accumulating 4 micro-batches, each rank counting the reduce-scatters
 torch.distributed is asked for: one per FSDP unit (each block, then the root: the wrapping
-train/strategies/fsdp.py does) per optimizer step, what a run without accumulation sends (a
-third run, measured: 9 on each rank for 3 steps of the 2-block model, as counted here). Without
-the sync switch it would send 4x as many."""
+train/strategies/fsdp.py does) per optimizer step, what a run without accumulation sends
+(measured: 9 on each rank for 3 steps of the 2-block model). Without the sync switch it would
+send 4x as many."""
 
 from __future__ import annotations
 
