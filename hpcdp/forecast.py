@@ -70,6 +70,16 @@ def gpt2_shapes(n_layer: int, n_embd: int, vocab: int, n_positions: int) -> list
     return [(vocab, d), (n_positions, d), *block * n_layer, (d,), (d,)]
 
 
+def experiment_shapes(experiment) -> list[tuple]:
+    """gpt2_shapes of a loaded experiment's model (its preset, vocabulary and context), without
+    transformers: the submit-time memory check and the network probe's gradient size."""
+    from hpcdp.estimate import _vocab
+
+    n_layer, n_embd, _, _ = MODEL_PRESETS[experiment.model.preset]
+    return gpt2_shapes(n_layer, n_embd, _vocab(experiment),
+                       model_context(experiment.model.preset, experiment.train.seq_len))
+
+
 def _numel(shape: tuple) -> int:
     return math.prod(shape)
 
@@ -1008,8 +1018,7 @@ def memory_warnings(jobs, profile: ClusterProfile, experiment) -> list[str]:
         return []
     n_layer, n_embd, n_head, _ = MODEL_PRESETS[experiment.model.preset]
     vocab, train = _vocab(experiment), experiment.train
-    shapes = gpt2_shapes(n_layer, n_embd, vocab,
-                         model_context(experiment.model.preset, train.seq_len))
+    shapes = experiment_shapes(experiment)
     lines = []
     for job in jobs:
         spec = job.strategy

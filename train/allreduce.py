@@ -28,10 +28,9 @@ import torch
 
 from hpcdp import distenv
 from hpcdp import strategies as registry
-from hpcdp.config import MODEL_PRESETS, Experiment, model_context
+from hpcdp.config import Experiment
 from hpcdp.errors import one_line, positive_number
-from hpcdp.forecast import gpt2_shapes
-from train.data import expected_vocab_size
+from hpcdp.forecast import experiment_shapes
 from train.strategies import Strategy, create
 
 RESULT_FILE = "allreduce.json"
@@ -51,11 +50,7 @@ def gradient_elements(exp: Experiment) -> int:
     """Parameters of the experiment's model, from GPT-2's shapes (hpcdp/forecast.py; their
     match with the model train/model.py builds is tests/unit/test_model.py's). Building the
     model would import transformers, about 2 CPU-s of every probe rank's start for a count."""
-    n_layer, n_embd, _, _ = MODEL_PRESETS[exp.model.preset]
-    vocab = expected_vocab_size(exp.data.tokenizer, exp.data.vocab_size)
-    shapes = gpt2_shapes(n_layer, n_embd, vocab, model_context(exp.model.preset,
-                                                               exp.train.seq_len))
-    return sum(math.prod(shape) for shape in shapes)
+    return sum(math.prod(shape) for shape in experiment_shapes(exp))
 
 
 def max_bytes(environ=os.environ) -> int | None:
