@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
 
             malloc.reexec_with(exp.train.malloc, uses_horovod=spec.needs_horovod)
             _hide_scipy()
-        return _train(exp, args)
+        return _train(exp, args, spec)
     except UsageError as exc:
         if str(exc):  # AlreadySaid: another rank said it
             say_error(f"error: {one_line(str(exc))}")
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
         return 1
 
 
-def _train(exp: Experiment, args: argparse.Namespace) -> int:
+def _train(exp: Experiment, args: argparse.Namespace, spec: strategies.StrategySpec) -> int:
     """This process's rank of the run: 0 when it completed, INTERRUPTED_EXIT when a stop signal
     ended it after a checkpoint."""
     import socket
@@ -206,7 +206,7 @@ def _train(exp: Experiment, args: argparse.Namespace) -> int:
     # rank, not 5 (train.loop and the strategies check them again, for their other callers).
     env = distenv.detect()
     distenv.check_world(env, args.expect_world, args.expect_tasks_per_node)
-    if strategies.get(args.strategy).transport == "torch":  # DDP's family: rendezvous at it
+    if spec.transport == "torch":  # DDP's family: rendezvous at it
         distenv.check_master_is_rank0_node(env, socket.gethostname())
     if os.environ.get(peaks.OVERRIDE):
         peaks.peak_flops_override(os.environ[peaks.OVERRIDE])
