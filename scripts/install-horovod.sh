@@ -100,18 +100,35 @@ if ((print_cache_dir)); then
     exit 0
 fi
 
+# ---- what a Horovod must have been built with, and what the venv's has ----
+wanted_marks=("PyTorch" "MPI" "Gloo")
+((gpu)) && wanted_marks+=("NCCL")
+# What `horovodrun --check-build` reports, asked in one process: check-build starts a process
+# that imports torch for every line of its table (9 s here; this takes 2.5 s).
+build_marks() {
+    "$py" - 2>&1 <<'EOF'
+import horovod
+import horovod.torch as hvd
+
+print(f"Horovod v{horovod.__version__}, as horovodrun --check-build reports it:")
+for name, built in [("PyTorch", True), ("MPI", hvd.mpi_built()), ("Gloo", hvd.gloo_built()),
+                    ("NCCL", hvd.nccl_built())]:
+    print(f"    [{'X' if built else ' '}] {name}")
+EOF
+}
+missing_marks() {  # missing_marks BUILD_MARKS_OUTPUT: the wanted marks not ticked [X]
+    local mark
+    for mark in "${wanted_marks[@]}"; do
+        grep -Eq "^\s*\[X\] $mark\s*$" <<<"$1" || echo "$mark"
+    done
+}
+
 # ---- already installed? ----
 # Exit status 0: the right version is importable (with NCCL ops when --gpu asked for them).
 installed_check() {
-    "$py" - "$HOROVOD_VERSION" "$gpu" <<'EOF' >/dev/null 2>&1
-import sys
-import horovod
-import horovod.torch as hvd
-wanted, gpu = sys.argv[1], sys.argv[2] == "1"
-assert horovod.__version__ == wanted, horovod.__version__
-assert hvd.mpi_built() and hvd.gloo_built()
-assert hvd.nccl_built() or not gpu
-EOF
+    local marks
+    marks=$(build_marks) && grep -q "^Horovod v$HOROVOD_VERSION," <<<"$marks" &&
+        [[ -z "$(missing_marks "$marks")" ]]
 }
 if ((!force)) && installed_check; then
     say "Horovod $HOROVOD_VERSION is already installed in $venv; nothing to do (--force reinstalls)."
@@ -225,30 +242,14 @@ if ((${#deps[@]})); then
 fi
 
 # ---- verify: the build must have the framework and both controllers we rely on ----
-# What `horovodrun --check-build` reports, asked in one process: check-build starts a process
-# that imports torch for every line of its table (9 s here; this takes 2.5 s). horovodrun must
-# be there too: the horovod strategies' scripts launch with it.
+# horovodrun must be there too: the horovod strategies' scripts launch with it.
 [[ -x "$venv/bin/horovodrun" ]] || die 1 "the wheel installed no $venv/bin/horovodrun"
-check_output=$("$py" - 2>&1 <<'EOF'
-import horovod
-import horovod.torch as hvd
-
-print(f"Horovod v{horovod.__version__}, as horovodrun --check-build reports it:")
-for name, built in [("PyTorch", True), ("MPI", hvd.mpi_built()), ("Gloo", hvd.gloo_built()),
-                    ("NCCL", hvd.nccl_built())]:
-    print(f"    [{'X' if built else ' '}] {name}")
-EOF
-) || {
+check_output=$(build_marks) || {
     echo "$check_output" >&2
     die 1 "importing horovod.torch failed (output above)"
 }
 echo "$check_output"
-wanted_marks=("PyTorch" "MPI" "Gloo")
-((gpu)) && wanted_marks+=("NCCL")
-missing=()
-for mark in "${wanted_marks[@]}"; do
-    grep -Eq "^\s*\[X\] $mark\s*$" <<<"$check_output" || missing+=("$mark")
-done
+mapfile -t missing < <(missing_marks "$check_output")
 ((${#missing[@]} == 0)) || die 1 "Horovod was installed without: ${missing[*]} (see [ ] marks above); rebuild with --rebuild and read $cache_dir/build.log"
 
 say "installed Horovod $HOROVOD_VERSION into $venv ($action; torch $torch_version, Python $python_version; verified: ${wanted_marks[*]})"
