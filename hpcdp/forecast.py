@@ -457,6 +457,9 @@ class Prediction:
     why_none: str | None = None
 
 
+ONE_RUN = "1 run: no interval (repeats give one: hpcdp compare --repeats 3)"
+
+
 def window_share(fit: Fit, spec: registry.StrategySpec) -> float:
     """The share of compute that collectives can hide behind: backward for the gradient
     all-reduce, forward and backward for FSDP's gathers (the campaign's phases, else FLOPs:
@@ -512,6 +515,8 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     spec = registry.get(fit.strategy)
     gpus = nodes * ranks_per_node
     out = Prediction(fit.strategy, fit.precision, nodes, gpus)
+    if nodes in measured:  # shown beside the forecast, and where none can be made
+        out.measured, out.measured_range = measured[nodes]
     if spec.max_nodes is not None and nodes > spec.max_nodes:
         out.why_none = f"{spec.name} runs on {spec.max_nodes} node only: not extrapolated"
         return out
@@ -545,11 +550,14 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     out.step_s = step(1, 1)
     out.compute_s, out.comm_s, out.exposed_s = compute, comm, out.step_s - compute
     out.tokens_per_s = tokens_per_step / out.step_s
-    out.tokens_per_s_low = tokens_per_step / step(spread_hi, 1 + spread)
-    out.tokens_per_s_high = tokens_per_step / step(spread_lo, max(0.0, 1 - spread))
     out.hours = tokens / out.tokens_per_s / 3600
-    out.hours_low = tokens / out.tokens_per_s_high / 3600
-    out.hours_high = tokens / out.tokens_per_s_low / 3600
+    if len(fit.step_s) > 1:
+        out.tokens_per_s_low = tokens_per_step / step(spread_hi, 1 + spread)
+        out.tokens_per_s_high = tokens_per_step / step(spread_lo, max(0.0, 1 - spread))
+        out.hours_low = tokens / out.tokens_per_s_high / 3600
+        out.hours_high = tokens / out.tokens_per_s_low / 3600
+    else:  # one run shows no spread: no interval, rather than one of zero width
+        out.flags.append(ONE_RUN)
     out.gpu_hours = out.hours * gpus
     if billing_per_node_hour is not None:
         out.billing = billing_per_node_hour * nodes * out.hours
@@ -560,8 +568,6 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     if fit.peak_gb is not None and fit.state_gb is not None:
         out.memory_gb = state + max(0.0, fit.peak_gb - fit.state_gb)
     out.flags += _flags(fit, net if needs_net else None, nodes, measured)
-    if nodes in measured:
-        out.measured, out.measured_range = measured[nodes]
     return out
 
 
@@ -733,8 +739,10 @@ def _networks(fits: list[Fit], probes: list[dict], target: ClusterProfile | None
     needing = sorted({f.communication for f in fits if f.communication != "none"
                       and f.communication not in networks})
     if needing:
-        notes.append(f"no network probe over {', '.join(needing)} (compare.network_baseline "
-                     "false?): those strategies are left out beyond their measured cells; "
+        missing = (f"no network probe over {', '.join(needing)} (compare.network_baseline "
+                   "false?)" if probes else "no network probe in this folder (`hpcdp compare` "
+                   "runs one before its cells)")
+        notes.append(f"{missing}: those strategies are left out beyond their measured cells; "
                      "give --cluster a profile with a network: section to forecast them")
     for net in networks.values():
         notes += list(net.notes)
@@ -819,29 +827,40 @@ def _hours(h: float | None) -> str:
     return f"{h * 60:.1f} min" if h < 1 else f"{h:.1f} h" if h < 48 else f"{h / 24:.1f} d"
 
 
+def _with_interval(show, value, low, high) -> str:
+    """`value [low-high]`, or the value alone where no interval is known (one run)."""
+    return show(value) + (f" [{show(low)}-{show(high)}]" if low is not None else "")
+
+
 def rows(fc: Forecast, n: int) -> list[list[str]]:
     out = []
     for p in sorted((p for p in fc.predictions if p.nodes == n),
                     key=lambda p: -(p.tokens_per_s or 0)):
+        measured = []
+        if p.measured is not None:
+            err = f" ({p.tokens_per_s / p.measured - 1:+.0%})" if p.tokens_per_s else ""
+            measured = [f"measured {_si(p.measured)}{err}"]
         if p.tokens_per_s is None:
             out.append([p.strategy, p.precision, str(p.gpus), "-", "-", "-", "-", "-", "-", "-",
-                        p.why_none or ""])
+                        "; ".join([f"not forecast: {p.why_none}", *measured])])
             continue
-        measured = "-"
-        if p.measured is not None:
-            err = p.tokens_per_s / p.measured - 1
-            measured = f"{_si(p.measured)} ({err:+.0%})"
         out.append([
             p.strategy, p.precision, str(p.gpus),
-            f"{_si(p.tokens_per_s)} [{_si(p.tokens_per_s_low)}-{_si(p.tokens_per_s_high)}]",
+            _with_interval(_si, p.tokens_per_s, p.tokens_per_s_low, p.tokens_per_s_high),
             _si(p.tokens_per_s / p.gpus),
             f"{p.exposed_s / p.step_s:.0%}" if p.step_s else "-",
             f"{p.state_gb:.3g}" if p.state_gb is not None else "-",
             f"{p.memory_gb:.3g}" if p.memory_gb is not None else "-",
-            f"{_hours(p.hours)} [{_hours(p.hours_low)}-{_hours(p.hours_high)}]",
+            _with_interval(_hours, p.hours, p.hours_low, p.hours_high),
             f"{p.gpu_hours:.3g}" + (f" / {p.billing:.3g}" if p.billing is not None else ""),
-            "; ".join(([f"measured {measured}"] if p.measured is not None else []) + p.flags)])
+            "; ".join(measured + p.flags)])
     return out
+
+
+def _nothing_at(fc: Forecast, n: int) -> bool:
+    """No strategy forecast or measured at `n` nodes: a table of dashes says nothing."""
+    return all(p.tokens_per_s is None and p.measured is None
+               for p in fc.predictions if p.nodes == n)
 
 
 HEADERS = ["strategy", "prec", "GPUs", "tokens/s predicted [interval]", "tok/s/GPU",
@@ -880,9 +899,10 @@ def render_text(fc: Forecast, markdown: bool = False) -> str:
                             "(no AcctGatherEnergyType plugin)"))
     for note in fc.notes:
         lines.append(f"  note: {note}")
+    empty = [n for n in fc.nodes if _nothing_at(fc, n)]
     for n in fc.nodes:
         table = rows(fc, n)
-        if not table:
+        if not table or n in empty:
             continue
         lines.append("")
         lines.append(f"{n} node(s):")
@@ -894,6 +914,11 @@ def render_text(fc: Forecast, markdown: bool = False) -> str:
         else:
             lines.append("  ".join(h.ljust(w) for h, w in zip(HEADERS, widths)).rstrip())
             lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    if empty:  # one line for the node counts where nothing could be forecast
+        why = sorted({f"{p.strategy} {p.precision}: {p.why_none}" for p in fc.predictions
+                      if p.nodes in empty})
+        lines += ["", f"not forecast at {', '.join(map(str, empty))} node(s): "
+                  + "; ".join(why)]
     return "\n".join(lines) + "\n"
 
 
@@ -918,20 +943,25 @@ def plot(fc: Forecast, path: Path) -> Path:
     fig = _figure()
     ax = fig.add_subplot()
     by = {}
-    for p in fc.predictions:
-        if p.tokens_per_s is not None:
-            by.setdefault((p.strategy, p.precision), []).append(p)
+    for p in sorted(fc.predictions, key=lambda p: p.nodes):
+        by.setdefault((p.strategy, p.precision), []).append(p)
     for (strategy, precision), preds in sorted(by.items()):
-        preds.sort(key=lambda p: p.nodes)
-        xs = [p.nodes for p in preds]
-        line, = ax.plot(xs, [p.tokens_per_s / p.gpus for p in preds], "--",
-                        label=f"{strategy} {precision} (forecast)")
-        ax.fill_between(xs, [p.tokens_per_s_low / p.gpus for p in preds],
-                        [p.tokens_per_s_high / p.gpus for p in preds], alpha=0.2,
-                        color=line.get_color())
+        forecast = [p for p in preds if p.tokens_per_s is not None]
+        banded = [p for p in forecast if p.tokens_per_s_low is not None]  # not from one run
         seen = [(p.nodes, p.measured / p.gpus) for p in preds if p.measured is not None]
+        color, label = None, f"{strategy} {precision} (measured)"
+        if forecast:
+            line, = ax.plot([p.nodes for p in forecast],
+                            [p.tokens_per_s / p.gpus for p in forecast], "--",
+                            label=f"{strategy} {precision} (forecast)")
+            color, label = line.get_color(), None
+        if banded:
+            ax.fill_between([p.nodes for p in banded],
+                            [p.tokens_per_s_low / p.gpus for p in banded],
+                            [p.tokens_per_s_high / p.gpus for p in banded], alpha=0.2,
+                            color=color)
         if seen:
-            ax.plot(*zip(*seen), "o", color=line.get_color())
+            ax.plot(*zip(*seen), "o", color=color, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("nodes")
     ax.set_ylabel("tokens/s per GPU (rank)")

@@ -100,6 +100,34 @@ def test_the_table_names_what_it_is_and_the_plot_is_written(campaign, tmp_path):
     assert (tmp_path / "fc" / "forecast.png").stat().st_size > 10_000
 
 
+def test_one_run_without_probes_shows_what_it_can_and_no_false_interval(campaign, tmp_path):
+    """Pointed at one run of the campaign (one repeat, no network probe beside it), as a user
+    does after `hpcdp submit`: one run shows no spread, so no interval of zero width; the node
+    count it ran on shows what it measured, though nothing can be forecast there without
+    network figures; the node counts where nothing is forecast are one line, not a table of
+    dashes each."""
+    cells = json.loads((campaign / "campaign.json").read_text())["cells"]
+    run = next(Path(c["run_dir"]) for c in cells
+               if (c["strategy"], c["nodes"], c["repeat"]) == ("distributed-ps", 2, 1))
+    result = forecast_json(run, "--nodes", "1,2,4,8")
+    by_nodes = {p["nodes"]: p for p in result["predictions"]}
+    one, two = by_nodes[1], by_nodes[2]
+    assert one["tokens_per_s"] > 0 and one["tokens_per_s_low"] is None
+    assert one["hours_low"] is None
+    assert any(f.startswith("1 run: no interval") for f in one["flags"]), one
+    assert two["tokens_per_s"] is None and two["measured"] > 0, two
+    assert "no network figures" in two["why_none"]
+    assert any("no network probe in this folder" in n for n in result["notes"])
+    done = hpcdp("forecast", str(run), "--nodes", "1,2,4,8", "--out", str(tmp_path / "fc"),
+                 cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"not forecast: no network figures for gloo; measured \S+", done.stdout)
+    assert not re.search(r"^(4|8) node\(s\):", done.stdout, re.M)  # no table of dashes
+    assert re.search(r"^not forecast at 4, 8 node\(s\): distributed-ps fp32: no network",
+                     done.stdout, re.M), done.stdout
+    assert (tmp_path / "fc" / "forecast.png").stat().st_size > 10_000  # a plot without bands
+
+
 def test_bad_input_is_one_line(campaign, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
