@@ -17,6 +17,7 @@ from pathlib import Path
 from hpcdp import __version__, config, strategies
 from hpcdp.errors import (
     CLI_NAME,
+    VIA_CLI,
     ArgumentParser,
     UsageError,
     one_line,
@@ -666,7 +667,7 @@ def cmd_model(args) -> int:
     from hpcdp import PROJECT_ROOT
 
     argv = [sys.executable, "-m", "train", args.command, *args.rest]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    env = {**os.environ, VIA_CLI: "1", "PYTHONPATH": os.pathsep.join(
         filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
     sys.stdout.flush()
     os.execve(sys.executable, argv, env)

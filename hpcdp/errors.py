@@ -5,6 +5,9 @@ import difflib
 from collections.abc import Iterable
 
 CLI_NAME = "hpcdp"
+# Set by `hpcdp export|sample|eval`, which exec `python -m train`: that process then names itself
+# as the user called it ("hpcdp: error: sample: ..."), not "python -m train".
+VIA_CLI = "HPCDP_VIA_CLI"
 
 
 class UsageError(Exception):

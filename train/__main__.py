@@ -18,7 +18,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from hpcdp import strategies
-from hpcdp.errors import ArgumentParser, UsageError, one_line, positive_int
+from hpcdp.errors import CLI_NAME, VIA_CLI, ArgumentParser, UsageError, one_line, positive_int
 from train.imports import without_gc
 
 if TYPE_CHECKING:
@@ -34,9 +34,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="override a field, e.g. train.steps=10 (YAML value; repeatable)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m train") -> argparse.ArgumentParser:
     parser = ArgumentParser(
-        prog="python -m train",
+        prog=prog,
         description=f"GPT-2 pre-training with one of {len(strategies.NAMES)} data-parallel "
                     "strategies. "
                     "Commands: run (default), prepare, allreduce, export, sample, eval.",
@@ -156,8 +156,9 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
     if not argv or argv[0] not in ("run", "prepare", "allreduce", *MODEL_COMMANDS, "-h",
                                    "--help"):
         argv.insert(0, "run")
+    via_cli = os.environ.pop(VIA_CLI, None) == "1"  # hpcdp export|sample|eval exec'd this
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(CLI_NAME if via_cli else "python -m train").parse_args(argv)
         if args.command in MODEL_COMMANDS:
             return run_model_command(args)
         from hpcdp.config import load_experiment, split_overrides
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
         return _train(exp, args, spec)
     except UsageError as exc:
         if str(exc):  # AlreadySaid: another rank said it
-            say_error(f"error: {one_line(str(exc))}")
+            say_error(f"{CLI_NAME + ': ' if via_cli else ''}error: {one_line(str(exc))}")
         return exc.exit_code
     except Exception as exc:
         if not _said_a_peer_is_gone(exc):

@@ -188,6 +188,9 @@ def test_bad_input_is_one_line_and_nothing_half_written(single_run, tmp_path):
         (["run", "-s", "single-gpu", "--out", str(tmp_path / "r2"), "--set",
           f"model.init_from={run_dir}"], "holds no readable config.json"),
         (["sample", str(run_dir), "--prompt", "hi"], "holds no config.json"),
+        # argparse's own errors, named as the user called them, not as `python -m train`
+        (["sample", str(run_dir), "--prompt", "hi", "--max-new-tokens", "0"],
+         "sample: argument --max-new-tokens: 0 must be 1 or more"),
     ]
     empty = tmp_path / "empty-run"
     empty.mkdir()
@@ -197,6 +200,7 @@ def test_bad_input_is_one_line_and_nothing_half_written(single_run, tmp_path):
         assert done.returncode == 2, (args, done.stdout[-500:], done.stderr[-1000:])
         errors = [line for line in done.stderr.splitlines() if "error" in line]
         assert len(errors) == 1 and says in errors[0], (args, done.stderr[-1000:])
+        assert errors[0].startswith("hpcdp: error: "), errors  # as every other hpcdp command
         assert "Traceback" not in done.stderr
     assert not (tmp_path / "x").exists()
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
