@@ -685,6 +685,38 @@ MODEL_COMMANDS = {
 
 # ------------------------------------------------------------------------------------ parser
 
+# sbatch's options as users type them to hpcdp, and the cluster profile's key for each; the
+# rest of sbatch's options that a user may reach for go in cluster.extra_sbatch.
+SBATCH_KEYS = {"--partition": "partition", "-p": "partition", "--account": "account",
+               "-A": "account", "--qos": "qos", "-q": "qos", "--time": "time_limit",
+               "-t": "time_limit", "--mem": "mem", "--gpus-per-node": "gpus_per_node",
+               "--cpus-per-task": "cpus_per_task", "-c": "cpus_per_task"}
+SBATCH_EXTRA = ("--constraint", "-C", "--reservation", "--exclusive", "--nodelist", "-w",
+                "--exclude", "-x", "--gres", "--mail-user", "--mail-type", "--mem-per-cpu",
+                "--mem-per-gpu", "--comment", "--wckey")
+
+
+SUBMITTING = ("render", "submit", "compare")  # the commands whose --set reaches an sbatch script
+
+
+def unrecognized(words: list[str], command: str, renders: bool) -> str:
+    """argparse's "unrecognized arguments", and where an sbatch option typed to a command that
+    renders a script (`renders`) goes instead."""
+    said = f"{command}: unrecognized arguments: {' '.join(words)}"
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if not eq:
+            following = words[i + 1] if i + 1 < len(words) else ""
+            value = following if following and not following.startswith("-") else "VALUE"
+        if renders and name in SBATCH_KEYS:
+            return (f"{said}; sbatch's {name} is the cluster profile's {SBATCH_KEYS[name]}: "
+                    f"--set cluster.{SBATCH_KEYS[name]}={value} (docs/configuration.md)")
+        if renders and name in SBATCH_EXTRA:
+            option = f"{name}={value}" if value != "VALUE" or eq else name
+            return (f"{said}; sbatch's options go in the cluster profile: --set "
+                    f"\"cluster.extra_sbatch=['{option}']\" (docs/configuration.md)")
+    return f"{said}; `hpcdp {command} --help` lists its options"
+
 def _add_follow_options(p: argparse.ArgumentParser, dry_run: str, follow: str,
                         success: str) -> None:
     """--dry-run, --wait and --timeout, shared by the commands that submit."""
@@ -820,7 +852,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in MODEL_COMMANDS:  # every option theirs, --help included
         return cmd_model(argparse.Namespace(command=argv[0], rest=argv[1:]))
     try:
-        args = build_parser().parse_args(argv)
+        args, unknown = build_parser().parse_known_args(argv)
+        if unknown:
+            raise UsageError(unrecognized(unknown, args.command, args.command in SUBMITTING))
         return args.func(args)
     except UsageError as exc:
         print(f"hpcdp: error: {one_line(str(exc))}", file=sys.stderr)

@@ -53,7 +53,13 @@ def one_line(text: str) -> str:
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose errors are UsageErrors: one line and exit 2, like every other bad input
-    (plain argparse prints the usage block first)."""
+    (plain argparse prints the usage block first). No abbreviated options: sbatch's `--time
+    2:00:00` must not be taken for --timeout, nor an option added later change what an old
+    abbreviation meant."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         # hpcdp's main prints "hpcdp: error: " itself: name only the sub-command here.

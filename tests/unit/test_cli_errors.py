@@ -60,6 +60,15 @@ BAD_INPUTS = [
                                                           "shakespeare", "folder of"]),
     (["run", "--set", "data.corpus=shakespear"], ["'shakespear'", "did you mean 'shakespeare'"]),
     (["compare", "--set", "data.corpus=nope.jsonl"], ["data.corpus 'nope.jsonl'"]),
+    # sbatch's options typed to hpcdp: where each goes; never an abbreviation (--time is not
+    # --timeout, --dry-ru not --dry-run)
+    (["submit", "--time", "2:00:00", "--dry-run"],
+     ["submit: unrecognized arguments: --time 2:00:00", "--set cluster.time_limit=2:00:00"]),
+    (["render", "-p", "gpu"], ["-p is the cluster profile's partition", "cluster.partition=gpu"]),
+    (["compare", "--constraint=v100"], ["--set \"cluster.extra_sbatch=['--constraint=v100']\""]),
+    (["submit", "--dry-ru"], ["unrecognized arguments: --dry-ru", "`hpcdp submit --help`"]),
+    (["harvest", ".", "--partition", "x"],
+     ["harvest: unrecognized arguments: --partition x;", "`hpcdp harvest --help`"]),
 ]
 
 
