@@ -694,8 +694,6 @@ SBATCH_KEYS = {"--partition": "partition", "-p": "partition", "--account": "acco
 SBATCH_EXTRA = ("--constraint", "-C", "--reservation", "--exclusive", "--nodelist", "-w",
                 "--exclude", "-x", "--gres", "--mail-user", "--mail-type", "--mem-per-cpu",
                 "--mem-per-gpu", "--comment", "--wckey")
-
-
 SUBMITTING = ("render", "submit", "compare")  # the commands whose --set reaches an sbatch script
 
 
@@ -716,6 +714,7 @@ def unrecognized(words: list[str], command: str, renders: bool) -> str:
             return (f"{said}; sbatch's options go in the cluster profile: --set "
                     f"\"cluster.extra_sbatch=['{option}']\" (docs/configuration.md)")
     return f"{said}; `hpcdp {command} --help` lists its options"
+
 
 def _add_follow_options(p: argparse.ArgumentParser, dry_run: str, follow: str,
                         success: str) -> None:
