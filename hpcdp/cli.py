@@ -629,6 +629,32 @@ def cmd_harvest(args) -> int:
     return harvest.main(args)
 
 
+def cmd_profile(args) -> int:
+    """A cluster profile sketched from Slurm (hpcdp/new_profile.py): to stdout, or --out."""
+    from hpcdp import new_profile
+
+    out = Path(args.out) if args.out else None
+    if out is not None:  # found before Slurm is asked
+        if out.exists() and not args.force:
+            raise UsageError(f"--out {args.out}: {args.out} exists; give another file, or "
+                             "--force to replace it")
+        if not out.parent.is_dir():
+            raise UsageError(f"--out {args.out}: folder {str(out.parent)!r} does not exist")
+    if args.name is not None:
+        config.check_name(args.name, "--name")
+    _fallback_slurm_env()
+    text = new_profile.sketch(args.partition, args.name)
+    if out is None:
+        print(text, end="")
+        return 0
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(out)  # whole or not at all
+    print(f"wrote {out}; use it with --cluster {out} (check the lines marked CHECK)",
+          file=sys.stderr)
+    return 0
+
+
 def cmd_forecast(args) -> int:
     from hpcdp import forecast
 
@@ -803,6 +829,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down", "status", "env"])
     p.add_argument("--purge", action="store_true", help="with down: delete its data too")
     p.set_defaults(func=cmd_cluster)
+
+    p = sub.add_parser("profile", help="a cluster profile sketched from what Slurm says about "
+                                       "a partition (GPUs, CPUs, time limit)")
+    p.add_argument("--partition", "-p", help="the partition (default: the cluster's default)")
+    p.add_argument("--name", help="the profile's name (default: the partition's)")
+    p.add_argument("--out", "-o", metavar="FILE", help="write FILE instead of printing it")
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("strategies", help="list the strategies")
     p.add_argument("--names", action="store_true", help="only the names, comma-separated")

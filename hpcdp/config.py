@@ -234,7 +234,7 @@ class ClusterProfile:
     """The network's figures for `hpcdp forecast` (docs/forecast.md); unknown by default."""
 
     def __post_init__(self) -> None:
-        _check(self.name, "cluster.name", _NAME_RE, "letters, digits, '.', '_' and '-'")
+        check_name(self.name, "cluster.name")
         limit_s = self.time_limit_s()
         if self.signal_lead_s is not None:
             _at_least("cluster.signal_lead_s", self.signal_lead_s, 1)
@@ -578,7 +578,7 @@ class Experiment:
     compare: CompareConfig = field(default_factory=CompareConfig)
 
     def __post_init__(self) -> None:
-        _check(self.name, "experiment name", _NAME_RE, "letters, digits, '.', '_' and '-'")
+        check_name(self.name, "experiment name")
         context = model_context(self.model.preset, self.train.seq_len)
         if self.train.seq_len > context:
             raise UsageError(f"train.seq_len {self.train.seq_len} exceeds the context {context} "
@@ -606,6 +606,11 @@ MAX_SIGNAL_LEAD_S = 120
 def _check(value: str, what: str, pattern: re.Pattern, valid: str) -> None:
     if not pattern.fullmatch(str(value)):
         raise UsageError(f"{what} {value!r} is not allowed; use {valid}")
+
+
+def check_name(value: str, what: str) -> None:
+    """A profile's or experiment's name: it names files and jobs."""
+    _check(value, what, _NAME_RE, "letters, digits, '.', '_' and '-'")
 
 
 def _at_least(what: str, value: int, minimum: int) -> None:

@@ -353,6 +353,27 @@ def _node_fields(partition_fields: dict | None, env: Mapping[str, str] | None) -
     return [f for f in found if f.get("NodeName")] if rc == 0 else []
 
 
+def partition_and_nodes(partition: str | None, env: Mapping[str, str] | None = None
+                        ) -> tuple[dict, list[dict]] | None:
+    """`scontrol show partition`'s fields of `partition` (None: the default one) and `show
+    node`'s of each of its nodes; None when Slurm does not know the partition."""
+    fields = _partition_fields(partition, env)
+    return None if fields is None else (fields, _node_fields(fields, env))
+
+
+def partition_names(env: Mapping[str, str] | None = None) -> list[str]:
+    """Every partition sinfo lists; empty when Slurm cannot tell."""
+    rc, out, _ = _run(["sinfo", "-h", "-o", "%R"], env)
+    return sorted(set(out.split())) if rc == 0 else []
+
+
+def select_type(env: Mapping[str, str] | None = None) -> str | None:
+    """The cluster's SelectType (select/cons_tres, ...) from `scontrol show config`."""
+    rc, out, _ = _run(["scontrol", "show", "config"], env)
+    found = re.search(r"^SelectType\s*=\s*(\S+)", out, re.M) if rc == 0 else None
+    return found[1] if found else None
+
+
 def partition_node_addresses(partition: str | None, env: Mapping[str, str] | None = None
                              ) -> list[str] | None:
     """Each node's NodeAddr in `partition` (None: the default one), from `scontrol show`;
