@@ -272,7 +272,5 @@ def write(campaign: Campaign) -> dict:
     jobs = [c.job for c in campaign.probes + campaign.cells + campaign.probes_end]
     undo = render.write_jobs(jobs + [campaign.job], campaign.experiment)
     path = campaign.folder / CAMPAIGN_FILE
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(campaign.record(), indent=2) + "\n")
-    tmp.replace(path)
+    render.write_whole(path, json.dumps(campaign.record(), indent=2) + "\n")
     return undo

@@ -631,7 +631,7 @@ def cmd_harvest(args) -> int:
 
 def cmd_profile(args) -> int:
     """A cluster profile sketched from Slurm (hpcdp/new_profile.py): to stdout, or --out."""
-    from hpcdp import new_profile
+    from hpcdp import new_profile, render
 
     out = Path(args.out) if args.out else None
     if out is not None:  # found before Slurm is asked
@@ -647,9 +647,7 @@ def cmd_profile(args) -> int:
     if out is None:
         print(text, end="")
         return 0
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(out)  # whole or not at all
+    render.write_whole(out, text)
     print(f"wrote {out}; use it with --cluster {out} (check the lines marked CHECK)",
           file=sys.stderr)
     return 0
@@ -712,11 +710,12 @@ MODEL_COMMANDS = {
 # ------------------------------------------------------------------------------------ parser
 
 # sbatch's options as users type them to hpcdp, and the cluster profile's key for each; the
-# rest of sbatch's options that a user may reach for go in cluster.extra_sbatch.
+# rest of sbatch's options that a user may reach for go in cluster.extra_sbatch. (sbatch's -c
+# is not here: hpcdp's -c is --cluster.)
 SBATCH_KEYS = {"--partition": "partition", "-p": "partition", "--account": "account",
                "-A": "account", "--qos": "qos", "-q": "qos", "--time": "time_limit",
                "-t": "time_limit", "--mem": "mem", "--gpus-per-node": "gpus_per_node",
-               "--cpus-per-task": "cpus_per_task", "-c": "cpus_per_task"}
+               "--cpus-per-task": "cpus_per_task"}
 SBATCH_EXTRA = ("--constraint", "-C", "--reservation", "--exclusive", "--nodelist", "-w",
                 "--exclude", "-x", "--gres", "--mail-user", "--mail-type", "--mem-per-cpu",
                 "--mem-per-gpu", "--comment", "--wckey")
@@ -729,14 +728,15 @@ def unrecognized(words: list[str], command: str, renders: bool) -> str:
     said = f"{command}: unrecognized arguments: {' '.join(words)}"
     for i, word in enumerate(words):
         name, eq, value = word.partition("=")
-        if not eq:
+        if not eq:  # `--partition gpu`: its value is the next word, unless that is an option
             following = words[i + 1] if i + 1 < len(words) else ""
-            value = following if following and not following.startswith("-") else "VALUE"
+            value = "" if following.startswith("-") else following
         if renders and name in SBATCH_KEYS:
             return (f"{said}; sbatch's {name} is the cluster profile's {SBATCH_KEYS[name]}: "
-                    f"--set cluster.{SBATCH_KEYS[name]}={value} (docs/configuration.md)")
+                    f"--set cluster.{SBATCH_KEYS[name]}={value or 'VALUE'} "
+                    "(docs/configuration.md)")
         if renders and name in SBATCH_EXTRA:
-            option = f"{name}={value}" if value != "VALUE" or eq else name
+            option = f"{name}={value}" if value else name
             return (f"{said}; sbatch's options go in the cluster profile: --set "
                     f"\"cluster.extra_sbatch=['{option}']\" (docs/configuration.md)")
     return f"{said}; `hpcdp {command} --help` lists its options"

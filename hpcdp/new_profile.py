@@ -18,7 +18,7 @@ import re
 import socket
 from pathlib import Path
 
-from hpcdp import slurm
+from hpcdp import cluster, config, slurm
 from hpcdp.errors import UsageError
 
 DEFAULT_TIME = "01:00:00"
@@ -92,8 +92,6 @@ def _partition(partition: str | None) -> tuple[dict, list[dict]]:
 def sketch(partition: str | None, name: str | None = None) -> str:
     """The profile's YAML text for `partition` (None: the default one), checked by loading it
     as hpcdp will. UsageError naming the partitions there are when Slurm does not know it."""
-    from hpcdp import cluster, config
-
     fields, nodes = _partition(partition)
     part = fields.get("PartitionName", partition or "")
     shape, notes = _node_shape(nodes)

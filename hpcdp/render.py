@@ -405,7 +405,7 @@ def _write_job(job: RenderedJob, experiment_text: str) -> Callable[[], None]:
             if text is None:
                 path.unlink(missing_ok=True)
             else:
-                _atomic_write(path, text)
+                write_whole(path, text)
         for folder in reversed(made):
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only when empty: never anything we did not make
@@ -415,7 +415,7 @@ def _write_job(job: RenderedJob, experiment_text: str) -> Callable[[], None]:
             made.extend(_make_dirs(folder))
         for path, text in ((job.experiment_file, experiment_text), (job.script_path, job.text)):
             before.append((path, path.read_text() if path.exists() else None))
-            _atomic_write(path, text)
+            write_whole(path, text)
         job.script_path.chmod(0o755)
     except OSError:
         take_back()
@@ -434,7 +434,8 @@ def _make_dirs(folder: Path) -> list[Path]:
     return list(reversed(missing))
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def write_whole(path: Path, text: str) -> None:
+    """`text` into `path` whole or not at all (a temporary beside it, then renamed)."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     tmp.replace(path)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from hpcdp.config import Experiment
 
 INTERRUPTED_EXIT = 143
+PROG = "python -m train"  # its name, unless hpcdp export|sample|eval exec'd it (VIA_CLI)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +35,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="override a field, e.g. train.steps=10 (YAML value; repeatable)")
 
 
-def build_parser(prog: str = "python -m train") -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog=prog,
         description=f"GPT-2 pre-training with one of {len(strategies.NAMES)} data-parallel "
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
         argv.insert(0, "run")
     via_cli = os.environ.pop(VIA_CLI, None) == "1"  # hpcdp export|sample|eval exec'd this
     try:
-        args = build_parser(CLI_NAME if via_cli else "python -m train").parse_args(argv)
+        args = build_parser(CLI_NAME if via_cli else PROG).parse_args(argv)
         if args.command in MODEL_COMMANDS:
             return run_model_command(args)
         from hpcdp.config import load_experiment, split_overrides
