@@ -594,7 +594,13 @@ def cmd_cluster(args) -> int:
     from hpcdp import cluster
 
     if args.action == "up":
-        return cluster.up()
+        return cluster.up(args.link)
+    if args.action == "link":
+        if args.rate:
+            return cluster.set_link_rate(args.rate, args.targets)
+        if len(args.targets) != 2:
+            raise UsageError("hpcdp cluster link takes NODE down|up, or --rate RATE [NODE...]")
+        return cluster.set_link_state(*args.targets)
     if args.action == "down":
         return cluster.down(purge=args.purge)
     if args.action == "env":
@@ -799,6 +805,26 @@ def _add_job_commands(sub) -> None:
     p.set_defaults(func=cmd_cancel)
 
 
+def _add_cluster_command(sub) -> None:
+    """`hpcdp cluster up|down|status|env|link`: the local cluster, its links and their faults."""
+    p = sub.add_parser("cluster", help="the local Slurm cluster on this machine: its nodes "
+                                       "each have a network namespace, a shaped link and a core")
+    actions = p.add_subparsers(dest="action", required=True, parser_class=ArgumentParser)
+    a = actions.add_parser("up", help="start it (a no-op when it runs)")
+    a.add_argument("--link", metavar="RATE", help="every node's link rate: 1gbit (the default), "
+                   "250mbit, ..., or none (unshaped loopback speed)")
+    a = actions.add_parser("down", help="stop it and remove its network")
+    a.add_argument("--purge", action="store_true", help="delete its data too")
+    actions.add_parser("status", help="its daemons, each node's address, cores and link, sinfo")
+    actions.add_parser("env", help="export SLURM_CONF=..., for eval")
+    a = actions.add_parser("link", help="change a running cluster's links: NODE down|up cuts "
+                           "or restores a node's link; --rate RATE [NODE...] shapes them")
+    a.add_argument("targets", nargs="*", metavar="NODE [down|up]")
+    a.add_argument("--rate", metavar="RATE", help="e.g. 250mbit, default or none; for the "
+                   "nodes named (default: every node)")
+    p.set_defaults(func=cmd_cluster)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=CLI_NAME, description="Data-parallel GPT-2 pre-training on Slurm.")
     parser.add_argument("--version", action="version", version=f"hpcdp {__version__}")
@@ -825,10 +851,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_env)
 
-    p = sub.add_parser("cluster", help="the local Slurm cluster on this machine")
-    p.add_argument("action", choices=["up", "down", "status", "env"])
-    p.add_argument("--purge", action="store_true", help="with down: delete its data too")
-    p.set_defaults(func=cmd_cluster)
+    _add_cluster_command(sub)
 
     p = sub.add_parser("profile", help="a cluster profile sketched from what Slurm says about "
                                        "a partition (GPUs, CPUs, time limit)")

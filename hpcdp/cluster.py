@@ -1,17 +1,21 @@
-"""The local Slurm cluster (`hpcdp cluster up|down|status`): a thin layer over its script.
+"""The local Slurm cluster (`hpcdp cluster up|down|status|link`): a thin layer over its script.
 
-scripts/local-slurm.sh does the work (munge, MariaDB, slurmdbd, slurmctld, four slurmd nodes);
-this module runs it, streams its output, and answers cheap questions ("is it up?", "which
-SLURM_CONF?") without starting anything.
+scripts/local-slurm.sh does the work (munge, MariaDB, slurmdbd, slurmctld, six slurmd nodes,
+each in a network namespace of its own on a shaped link and on its own core); this module runs
+it, streams its output, and answers cheap questions ("is it up?", "which SLURM_CONF?", "do the
+nodes have their own network?") without starting anything.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from hpcdp.errors import UsageError
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "local-slurm.sh"
 DEFAULT_CLUSTER_DIR = "/tmp/hpcdp-slurm"
@@ -67,9 +71,65 @@ def run_script(*args: str) -> ScriptResult:
     return ScriptResult(proc.wait(), "".join(lines))
 
 
-def up() -> int:
-    """Start the cluster (a no-op when it is up); 0 when up, 3 when it cannot start here."""
-    return run_script("up").returncode
+# A link's rate as tc takes it (1gbit, 250mbit, 1.5gbit, 800kbit), or none (unshaped) or default.
+RATE = re.compile(r"(\d+(\.\d+)?)(kbit|mbit|gbit)")
+RATE_HINT = "a rate such as 1gbit, 250mbit or 800kbit, none (unshaped) or default"
+
+
+def check_rate(rate: str) -> str:
+    """`rate` when the script takes it; else UsageError naming it (before anything runs)."""
+    match = RATE.fullmatch(rate)
+    scale = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    if rate in ("none", "default") or (match and float(match[1]) * scale[match[3]] >= 8e3):
+        return rate
+    raise UsageError(f"link rate {rate!r} is not valid: give {RATE_HINT}")
+
+
+def up(link: str | None = None) -> int:
+    """Start the cluster (a no-op when it is up; `link` then sets every node's link rate);
+    0 when up, 3 when it cannot start here."""
+    return run_script("up", *(["--link", check_rate(link)] if link else [])).returncode
+
+
+def set_link_rate(rate: str, nodes: list[str]) -> int:
+    """Shape the links of `nodes` (all nodes when empty) to `rate` on the running cluster."""
+    return run_script("link", "rate", check_rate(rate), *nodes).returncode
+
+
+def set_link_state(node: str, state: str) -> int:
+    """Cut (`down`) or restore (`up`) one node's link on the running cluster."""
+    if state not in ("down", "up"):
+        raise UsageError(f"link state {state!r} is not valid: give down or up "
+                         "(hpcdp cluster link NODE down|up)")
+    return run_script("link", node, state).returncode
+
+
+def _network_record(key: str) -> str:
+    """One line of what `up` recorded of the node network (etc/network), "" when none."""
+    try:
+        text = (cluster_dir() / "etc" / "network").read_text()
+    except OSError:
+        return ""
+    found = re.search(rf"^{key}=(\S+)$", text, re.MULTILINE)
+    return found[1] if found else ""
+
+
+def network_mode() -> str:
+    """"namespaces" when the cluster's nodes each have their own network, "loopback" when they
+    share this machine's (no namespaces here), "" before any `up`."""
+    return _network_record("mode")
+
+
+def node_interface() -> str:
+    """The interface a job on the cluster's nodes uses: hsn0, or lo where they share the
+    machine's loopback (also before any `up`)."""
+    return _network_record("interface") or "lo"
+
+
+def node_subnet() -> str:
+    """The nodes' subnet (198.18.0.0/24) in namespace mode, else "": addresses of nodes that
+    run on this machine and see its file systems, though they have a network of their own."""
+    return _network_record("subnet") if network_mode() == "namespaces" else ""
 
 
 def down(purge: bool = False) -> int:

@@ -807,6 +807,13 @@ def _merge(base: dict, over: dict) -> dict:
 def load_profile(spec: str, overrides: dict | None = None) -> ClusterProfile:
     path = _resolve(spec, PROFILES_DIR, "cluster profile")
     data = _merge(read_yaml(path, "cluster profile"), overrides or {})
+    if data.get("local_cluster") is True and "network_interface" not in (overrides or {}):
+        # The local cluster started without its node network (no namespaces here): its nodes
+        # share the loopback, and a job must use it, whatever interface the profile names.
+        from hpcdp import cluster
+
+        if cluster.network_mode() == "loopback":
+            data["network_interface"] = "lo"
     return build(ClusterProfile, data, "cluster")
 
 

@@ -53,11 +53,17 @@ def _resolved(path: Path) -> Path:
     return existing.resolve().joinpath(*tail)
 
 
-def is_this_machine(address: str) -> bool:
-    """Whether a node's address is this machine: a loopback address (the local cluster's
-    nodes), or this host's name or address."""
+def is_this_machine(address: str, local_subnet: str | None = None) -> bool:
+    """Whether a node's address is this machine: a loopback address, one of the local
+    cluster's nodes (each in a network namespace of this machine: `local_subnet`, by default
+    what `hpcdp cluster up` recorded), or this host's name or address."""
+    if local_subnet is None:
+        from hpcdp import cluster
+
+        local_subnet = cluster.node_subnet()
     try:
-        if ipaddress.ip_address(address).is_loopback:
+        ip = ipaddress.ip_address(address)
+        if ip.is_loopback or (local_subnet and ip in ipaddress.ip_network(local_subnet)):
             return True
     except ValueError:
         pass

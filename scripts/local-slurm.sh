@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
-# A real Slurm cluster on this one machine: munge, MariaDB, slurmdbd, slurmctld and four slurmd
-# "nodes" (node1..node4 on 127.0.100.1-4), each slurmd in its own UTS + mount namespace so that
-# `hostname` inside a job prints the node name and node1..node4 resolve. Two more, gpu1 and gpu2
-# in partition "gpu", have 4 GPUs each as Slurm sees them: gres on character devices made with
-# mknod (no driver behind them), so Slurm allocates, binds and exports CUDA_VISIBLE_DEVICES as
-# on a GPU cluster while torch finds no GPU and trains on the CPU.
+# A real Slurm cluster on this one machine, a miniature of a real one: munge, MariaDB, slurmdbd,
+# slurmctld and four slurmd "nodes" (node1..node4), each slurmd in its own UTS + mount namespace
+# so that `hostname` inside a job prints the node name and node1..node4 resolve. Two more, gpu1
+# and gpu2 in partition "gpu", have 4 GPUs each as Slurm sees them: gres on character devices
+# made with mknod (no driver behind them), so Slurm allocates, binds and exports
+# CUDA_VISIBLE_DEVICES as on a GPU cluster while torch finds no GPU and trains on the CPU.
 #
-#   local-slurm.sh up              start what is not running; a no-op when all is healthy
-#   local-slurm.sh down [--purge]  stop every daemon; --purge also deletes the cluster directory
-#   local-slurm.sh status          which daemons run, and sinfo; exit 0 only when all run
-#   local-slurm.sh env             `export SLURM_CONF=...`, for eval "$(local-slurm.sh env)"
+# Each node also has a network and cores of its own (docs/local-cluster.md):
+# - its own network namespace, with one interface hsn0 (the same name on every node, as on a
+#   real cluster) on a veth whose other end joins the bridge hpcdp-br0, where slurmctld, slurmdbd
+#   and the submitting shell live (addresses in 198.18.0.0/24, RFC 2544's benchmarking range;
+#   no route leaves the machine);
+# - a link shaped to a rate (tbf on both ends of its veth): `up --link RATE`, `link rate RATE`;
+# - its own core: slurmd runs under taskset, and with TaskPlugin=task/none its jobs inherit it.
+#   Nodes share cores only when there are more nodes than cores.
+# Where namespaces cannot be made (no `ip`, no CAP_NET_ADMIN), the nodes share the loopback as
+# 127.0.100.N and the machine's cores, and `up` says so in one line.
+#
+#   local-slurm.sh up [--link RATE]   start what is not running (a no-op when all is healthy);
+#                                     --link sets every node's link (1gbit, 250mbit, none)
+#   local-slurm.sh down [--purge]     stop every daemon and remove the network; --purge also
+#                                     deletes the cluster directory
+#   local-slurm.sh status             daemons, each node's address, cores and link, and sinfo
+#   local-slurm.sh link rate RATE [NODE...]   change the links' rate on a running cluster
+#   local-slurm.sh link NODE down|up          cut a node's link, or restore it
+#   local-slurm.sh env                `export SLURM_CONF=...`, for eval "$(local-slurm.sh env)"
 #
 # Everything lives in ${HPCDP_CLUSTER_DIR:-/tmp/hpcdp-slurm}. Exit 3: cannot start here (not
 # root, a command missing); the one line printed says what to do.
@@ -32,6 +47,15 @@ PORT_BASE=${HPCDP_SLURM_PORT_BASE:-41817}
 CTLD_PORT=$PORT_BASE
 DBD_PORT=$((PORT_BASE + 1))
 NODE_PORT_BASE=$((PORT_BASE + 1)) # node I listens on NODE_PORT_BASE + I
+# The node network (namespace mode). One cluster a machine: the names below are the machine's.
+NODE_IFACE=hsn0
+BRIDGE=hpcdp-br0
+NET_PREFIX=198.18.0 # node I is $NET_PREFIX.I, the bridge (the controller side) $NET_PREFIX.254
+BRIDGE_ADDR=$NET_PREFIX.254
+# The default link: on the smoke experiment, DDP's gradient all-reduce across 2 nodes costs
+# between a quarter of a step's compute and all of it, as GPT-2's does on a GPU cluster
+# (docs/local-cluster.md has the measurement).
+DEFAULT_LINK=1gbit
 GPU_DEVICES=$DIR/gpus
 OCI=$DIR/oci
 NO_GPU_MARKER=$DIR/.no-gpu-nodes # written when the GPU nodes did not start: later ups skip them
@@ -50,6 +74,10 @@ MUNGE_DIR=$DIR/munge
 MUNGE_SOCKET=$MUNGE_DIR/munge.socket
 STATE=$DIR/state
 MARKER=$DIR/.hpcdp-local-slurm # only a directory holding this is ever deleted by --purge
+# What `up` chose, for hpcdp (cluster.py) and for `status`: "namespaces" or "loopback", the
+# node interface jobs should use, and each node's link rate and core.
+NETWORK_FILE=$ETC/network
+LINKS_DIR=$ETC/links
 
 export SLURM_CONF=$CONF
 
@@ -73,7 +101,7 @@ gpu_summary() {
         echo ", ${#GPU_NODES[@]} with $GPUS_PER_NODE GPUs (device files only) in partition gpu"
     fi
 }
-# node_number NODE: its place in ALL_NODES from 1 (its address 127.0.100.N, its port).
+# node_number NODE: its place in ALL_NODES from 1 (its address, its port, its core).
 node_number() {
     local i
     for i in "${!ALL_NODES[@]}"; do [[ ${ALL_NODES[i]} == "$1" ]] && echo $((i + 1)) && return 0; done
@@ -85,7 +113,7 @@ fail() { printf 'local-slurm: %s\n' "$*" >&2; exit 1; }
 cannot_start() { printf 'local-slurm: cannot start the local Slurm cluster: %s\n' "$*" >&2; exit 3; }
 
 usage() {
-    echo "usage: $0 {up|down [--purge]|status|env}" >&2
+    echo "usage: $0 {up [--link RATE]|down [--purge]|status|link rate RATE [NODE...]|link NODE down|up|env}" >&2
     exit 2
 }
 
@@ -193,6 +221,166 @@ check_can_start() {
         cannot_start "'unshare --uts --mount' is not permitted here (a container without CAP_SYS_ADMIN?)"
 }
 
+# --- the node network and cores ----------------------------------------------------------------
+
+# The mode `up` chose, as recorded (namespaces or loopback); loopback before any `up`.
+network_mode() { sed -n 's/^mode=//p' "$NETWORK_FILE" 2>/dev/null | grep . || echo loopback; }
+
+# node_addr NODE: its address (the nodes resolve each other to it).
+node_addr() {
+    local n
+    n=$(node_number "$1") || return 1
+    if [[ $(network_mode) == namespaces ]]; then echo "$NET_PREFIX.$n"; else echo "127.0.100.$n"; fi
+}
+netns_of() { echo "hpcdp-$1"; }
+veth_of() { echo "hpv-$1"; } # the bridge-side end of NODE's link (its other end is hsn0)
+
+# can_make_namespaces: the commands exist and the kernel lets us make a namespace and a bridge.
+can_make_namespaces() {
+    local cmd probe="hpcdp-probe-$$"
+    for cmd in ip tc nsenter; do command -v "$cmd" >/dev/null 2>&1 || { echo "no '$cmd' command"; return 1; }; done
+    if ! ip netns add "$probe" 2>/dev/null; then echo "'ip netns add' is not permitted"; return 1; fi
+    ip netns del "$probe" 2>/dev/null || true
+}
+
+# The cores this script may use (its CPU affinity), one per line.
+allowed_cores() {
+    local list part
+    list=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
+    for part in ${list//,/ }; do
+        if [[ $part == *-* ]]; then seq "${part%-*}" "${part#*-}"; else echo "$part"; fi
+    done
+}
+# node_core NODE: the core its slurmd (and so each of its jobs) runs on: the nodes take the
+# cores in turn, so nodes share a core only when there are more nodes than cores.
+node_core() {
+    local cores n
+    mapfile -t cores < <(allowed_cores)
+    n=$(node_number "$1") || return 1
+    echo "${cores[$(((n - 1) % ${#cores[@]}))]}"
+}
+
+# rate_bits RATE: RATE (e.g. 1gbit, 250mbit, 1.5gbit, 800kbit) in bit/s; fails on anything else.
+rate_bits() {
+    [[ $1 =~ ^([0-9]+(\.[0-9]+)?)(kbit|mbit|gbit)$ ]] || return 1
+    awk -v n="${BASH_REMATCH[1]}" -v u="${BASH_REMATCH[3]}" 'BEGIN {
+        m = (u == "kbit") ? 1e3 : (u == "mbit") ? 1e6 : 1e9; b = n * m
+        if (b < 8000) exit 1; printf "%.0f\n", b }'
+}
+# check_rate RATE: exit 2 naming RATE unless it is a rate, none, or default.
+check_rate() {
+    [[ $1 == none || $1 == default ]] || rate_bits "$1" >/dev/null || {
+        echo "local-slurm: link rate '$1' is not valid: give a rate such as 1gbit, 250mbit or 800kbit (8kbit at least), none (unshaped) or default ($DEFAULT_LINK)" >&2
+        exit 2
+    }
+}
+
+# shape DEV RATE [NETNS]: a token bucket of RATE on DEV's egress (none: no shaping). Its burst is
+# 2 ms of the rate (16 KiB at least): large enough for tbf to reach the rate, small enough that
+# a message of a few hundred KiB does not pass at memory speed.
+shape() {
+    local dev=$1 rate=$2 ns=${3:-} bits burst
+    local tcmd=(tc)
+    [[ -n $ns ]] && tcmd=(tc -n "$ns")
+    if [[ $rate == none ]]; then
+        "${tcmd[@]}" qdisc del dev "$dev" root 2>/dev/null || true
+        return 0
+    fi
+    bits=$(rate_bits "$rate")
+    burst=$((bits / 8 / 500))
+    ((burst >= 16384)) || burst=16384
+    "${tcmd[@]}" qdisc replace dev "$dev" root tbf rate "$rate" burst "$burst" latency 100ms
+}
+
+# set_link NODE RATE: shape both ends of NODE's link, and record the rate.
+set_link() {
+    local node=$1 rate=${2/#default/$DEFAULT_LINK}
+    shape "$(veth_of "$node")" "$rate" || fail "could not shape $node's link to $rate"
+    shape "$NODE_IFACE" "$rate" "$(netns_of "$node")" || fail "could not shape $node's $NODE_IFACE to $rate"
+    mkdir -p "$LINKS_DIR"
+    echo "$rate" >"$LINKS_DIR/$node"
+}
+link_rate() { cat "$LINKS_DIR/$1" 2>/dev/null || echo none; }
+
+# link_is_up NODE: the bridge side of NODE's link is administratively up.
+link_is_up() {
+    local flags
+    flags=$(cat "/sys/class/net/$(veth_of "$1")/flags" 2>/dev/null) || return 1
+    (((flags & 1) == 1))
+}
+
+# node_network NODE: its namespace, interface, address, and its end on the bridge, up. Safe to
+# run again: what exists is kept, so a second `up` after a killed one finds what it needs.
+node_network() {
+    local node=$1 ns veth
+    ns=$(netns_of "$node")
+    veth=$(veth_of "$node")
+    if [[ ! -e /run/netns/$ns ]]; then
+        # A slurmd still running lives in a namespace that was removed: it must start anew.
+        stop "slurmd:$(node_pidfile "$node")"
+        ip netns add "$ns" || fail "could not make network namespace $ns"
+    fi
+    if ! ip link show "$veth" >/dev/null 2>&1; then
+        # The node's end is made inside its namespace: hsn0 in every node, as on a real cluster.
+        ip link add "$veth" type veth peer name "$NODE_IFACE" netns "$ns" ||
+            fail "could not make $node's link ($veth <-> $NODE_IFACE)"
+    fi
+    ip link set "$veth" master "$BRIDGE" up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr replace "$(node_addr "$node")/24" dev "$NODE_IFACE"
+    ip -n "$ns" link set "$NODE_IFACE" up
+}
+
+bridge_up() {
+    ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge ||
+        fail "could not make the bridge $BRIDGE"
+    ip addr replace "$BRIDGE_ADDR/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+}
+
+# network_up RATE: the bridge, then every node's namespace and link, shaped to RATE ("" keeps
+# each node's recorded rate, or the default for a node without one).
+network_up() {
+    local rate=$1 node
+    bridge_up
+    for node in "${ALL_NODES[@]}"; do
+        node_network "$node"
+        set_link "$node" "${rate:-$(cat "$LINKS_DIR/$node" 2>/dev/null || echo "$DEFAULT_LINK")}"
+    done
+}
+
+network_healthy() {
+    [[ $(network_mode) == namespaces ]] || return 0
+    ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
+    local node
+    for node in "${ALL_NODES[@]}"; do
+        [[ -e /run/netns/$(netns_of "$node") ]] && link_is_up "$node" || return 1
+    done
+}
+
+# network_down: every namespace, link and the bridge this cluster made (deleting a namespace
+# deletes the link end inside it, and so its peer on the bridge).
+network_down() {
+    local ns removed=()
+    while read -r ns _; do
+        [[ $ns == hpcdp-* ]] || continue
+        ip netns del "$ns" 2>/dev/null && removed+=("$ns")
+    done < <(ip netns list 2>/dev/null)
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link del "$BRIDGE" 2>/dev/null && removed+=("$BRIDGE")
+    fi
+    ((${#removed[@]} == 0)) || log "removed the node network: ${removed[*]}"
+    rm -rf "$LINKS_DIR"
+}
+
+# net_namespace_ids: the kernel's ids of this cluster's node namespaces (as /proc/PID/ns/net reads).
+net_namespace_ids() {
+    local f
+    for f in /run/netns/hpcdp-*; do
+        [[ -e $f ]] && echo "net:[$(stat -L -c %i "$f")]"
+    done
+}
+
 # --- configuration ---------------------------------------------------------------------------
 
 # A fresh StateSaveLocation would restart job ids at 1, and a folder named by %j from an earlier
@@ -218,13 +406,16 @@ write_configs() {
     # sacct records OUT_OF_MEMORY. A job without --mem gets DefMemPerCPU, its CPUs' share of
     # the node: jobs pack on CPUs as they did before memory was tracked.
     real_mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024) - 2048}' /proc/meminfo)
+    # The controller side as the nodes reach it: the bridge, or the loopback.
+    local ctld_addr=127.0.0.1
+    [[ $(network_mode) == namespaces ]] && ctld_addr=$BRIDGE_ADDR
     first_id=$(first_job_id)
     [[ -s $DB_PASS_FILE ]] || (umask 077 && od -An -N12 -tx1 /dev/urandom | tr -d ' \n' >"$DB_PASS_FILE")
 
     cat >"$CONF.new" <<EOF
 # Written by scripts/local-slurm.sh (hpcdp); rewritten on every 'up'.
 ClusterName=$CLUSTER
-SlurmctldHost=localhost(127.0.0.1)
+SlurmctldHost=localhost($ctld_addr)
 SlurmctldPort=$CTLD_PORT
 SlurmUser=root
 SlurmdUser=root
@@ -262,7 +453,7 @@ KillWait=2
 SlurmctldDebug=info
 SlurmdDebug=info
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=localhost
+AccountingStorageHost=$ctld_addr
 AccountingStoragePort=$DBD_PORT
 # Without this, sacctmgr looks for munge at the system socket and fails.
 AccountingStoragePass=$MUNGE_SOCKET
@@ -272,8 +463,8 @@ EOF
     for i in "${!ALL_NODES[@]}"; do
         gres=""
         [[ ${ALL_NODES[i]} == gpu* ]] && gres=" Gres=gpu:$GPUS_PER_NODE"
-        printf 'NodeName=%s NodeAddr=127.0.100.%d Port=%d CPUs=%d Sockets=1 CoresPerSocket=%d ThreadsPerCore=1 RealMemory=%d%s State=UNKNOWN\n' \
-            "${ALL_NODES[i]}" $((i + 1)) $((NODE_PORT_BASE + i + 1)) "$CPUS_PER_NODE" "$CPUS_PER_NODE" \
+        printf 'NodeName=%s NodeAddr=%s Port=%d CPUs=%d Sockets=1 CoresPerSocket=%d ThreadsPerCore=1 RealMemory=%d%s State=UNKNOWN\n' \
+            "${ALL_NODES[i]}" "$(node_addr "${ALL_NODES[i]}")" $((NODE_PORT_BASE + i + 1)) "$CPUS_PER_NODE" "$CPUS_PER_NODE" \
             "$real_mem_mb" "$gres" >>"$CONF.new"
     done
     # Preemption, as a site configures it: a job in "high" (a higher PriorityTier) preempts
@@ -360,7 +551,7 @@ EOF
             echo "127.0.0.1 localhost"
             echo "::1 localhost ip6-localhost ip6-loopback"
             local j
-            for j in "${!ALL_NODES[@]}"; do echo "127.0.100.$((j + 1)) ${ALL_NODES[j]}"; done
+            for j in "${!ALL_NODES[@]}"; do echo "$(node_addr "${ALL_NODES[j]}") ${ALL_NODES[j]}"; done
         } >"$DIR/nodes/${ALL_NODES[i]}/hosts"
     done
 }
@@ -452,7 +643,13 @@ start_slurmd() {
     port_free "$((NODE_PORT_BASE + $(node_number "$node")))" "slurmd $node"
     # Own UTS and mount namespace: `hostname` prints the node name inside its jobs, and a
     # private hosts file (bind-mounted over /etc/hosts there only) resolves every node.
-    launch "slurmd-$node" unshare --uts --mount --propagation private \
+    # In its own network namespace (nsenter, not `ip netns exec`, which remounts /sys and hides
+    # /sys/fs/cgroup from slurmd) and on its own core (taskset: with TaskPlugin=task/none every
+    # task of the node inherits it).
+    local place=()
+    [[ $(network_mode) == namespaces ]] && place+=(nsenter "--net=/run/netns/$(netns_of "$node")")
+    command -v taskset >/dev/null && place+=(taskset -c "$(node_core "$node")")
+    launch "slurmd-$node" "${place[@]}" unshare --uts --mount --propagation private \
         bash -c 'hostname "$1" && mount --bind "$2" /etc/hosts && exec slurmd -f "$3" -N "$1"' \
         _ "$node" "$DIR/nodes/$node/hosts" "$CONF" ||
         fail "slurmd $node did not start: $(tail -n 5 "$LOG/slurmd-$node.log" "$LOG/slurmd-$node.out" 2>/dev/null)"
@@ -533,11 +730,26 @@ RunTimeRun="python3 $helper run $OCI/state %b %n.%u.%j.%s.%t"
 EOF
     mv -f "$ETC/oci.conf.new" "$ETC/oci.conf"
 }
+network_summary() {
+    local node rates
+    if [[ $(network_mode) != namespaces ]]; then
+        echo "; nodes share the loopback"
+        return 0
+    fi
+    rates=$(for node in "${ALL_NODES[@]}"; do link_rate "$node"; done | sort -u | paste -sd/)
+    echo "; each node on $NODE_IFACE in its own network namespace, links $rates, cores in turn"
+}
 oci_summary() {
     if [[ -e $ETC/oci.conf ]]; then echo "; containers: srun --container (runc), host bundle $OCI/host-bundle"; fi
 }
 
 cmd_up() {
+    local link=""
+    case ${1:-} in
+    --link) [[ $# == 2 ]] || usage; check_rate "$2"; link=$2 ;;
+    "") ;;
+    *) usage ;;
+    esac
     check_can_start
     mkdir -p "$DIR" "$ETC" "$RUN" "$LOG" "$STATE"
     chmod 755 "$DIR" "$RUN" "$LOG"
@@ -551,12 +763,24 @@ cmd_up() {
     else
         log "no GPU nodes: cannot make character devices in $GPU_DEVICES (mknod needs CAP_MKNOD)"
     fi
-    if healthy; then
+    if healthy && network_healthy; then
         write_oci_conf
-        log "already up: ${#NODES[@]} nodes in partition debug$(gpu_summary)$(oci_summary) (SLURM_CONF=$CONF)"
+        if [[ -n $link && $(network_mode) == namespaces ]]; then
+            local node
+            for node in "${ALL_NODES[@]}"; do set_link "$node" "$link"; done
+        fi
+        log "already up: ${#NODES[@]} nodes in partition debug$(gpu_summary)$(network_summary)$(oci_summary) (SLURM_CONF=$CONF)"
         return 0
     fi
-    local t0=$SECONDS
+    local t0=$SECONDS why
+    if why=$(can_make_namespaces); then
+        # subnet: the nodes' addresses, which hpcdp knows for this machine's (shared_fs.py).
+        printf 'mode=namespaces\ninterface=%s\nsubnet=%s.0/24\n' "$NODE_IFACE" "$NET_PREFIX" >"$NETWORK_FILE"
+    else
+        # One line, and the cluster still starts: today's shared loopback.
+        log "no node network: $why; the nodes share the loopback (127.0.100.N) instead of links of their own"
+        printf 'mode=loopback\ninterface=lo\n' >"$NETWORK_FILE"
+    fi
     write_configs
     local node
     if ((CONFIG_CHANGED)) && alive slurmctld "$(ctld_pidfile)"; then
@@ -565,6 +789,8 @@ cmd_up() {
         for node in "${NODES[@]}" "${GPU_NODES[@]}"; do specs+=("slurmd:$(node_pidfile "$node")"); done
         stop "${specs[@]}" "slurmctld:$(ctld_pidfile)"
     fi
+    # The bridge first: slurmdbd and slurmctld are reached at its address.
+    if [[ $(network_mode) == namespaces ]]; then network_up "$link"; fi
     start_munged
     start_mariadb
     start_slurmdbd
@@ -594,7 +820,7 @@ cmd_up() {
         sleep 0.2
     done
     wait_until 30 "sacct to answer" sacct -n -X -S now-1minutes
-    log "up in $((SECONDS - t0))s: ${#NODES[@]} nodes idle in partition debug$(gpu_summary)$(oci_summary); export SLURM_CONF=$CONF"
+    log "up in $((SECONDS - t0))s: ${#NODES[@]} nodes idle in partition debug$(gpu_summary)$(network_summary)$(oci_summary); export SLURM_CONF=$CONF"
 }
 
 # --- stopping --------------------------------------------------------------------------------
@@ -627,20 +853,24 @@ cmd_down() {
     gpu_nodes_configured && ALL_NODES+=("${GPU_NODES[@]}")
 
     cancel_jobs
-    # Job processes live in the nodes' UTS namespaces: remember them to clean up leftovers.
+    # Job processes live in the nodes' UTS and network namespaces: remember them to clean up
+    # leftovers (the network ones also when their slurmd was killed).
     local node pid namespaces=()
     for node in "${ALL_NODES[@]}"; do
         pid=$(pid_of slurmd "$(node_pidfile "$node")") &&
             namespaces+=("$(readlink "/proc/$pid/ns/uts" 2>/dev/null)")
     done
+    mapfile -t -O "${#namespaces[@]}" namespaces < <(net_namespace_ids)
     local stop_nodes=()
     for node in "${ALL_NODES[@]}"; do stop_nodes+=("slurmd:$(node_pidfile "$node")"); done
     stop "${stop_nodes[@]}" "slurmctld:$(ctld_pidfile)"
     if ((${#namespaces[@]})); then
         local leftovers=() p ns n
         for p in /proc/[0-9]*; do
-            ns=$(readlink "$p/ns/uts" 2>/dev/null) || continue
-            for n in "${namespaces[@]}"; do [[ $ns == "$n" ]] && leftovers+=("${p#/proc/}"); done
+            ns=" $(readlink "$p/ns/uts" 2>/dev/null) $(readlink "$p/ns/net" 2>/dev/null) "
+            for n in "${namespaces[@]}"; do
+                if [[ $ns == *" $n "* ]]; then leftovers+=("${p#/proc/}") && break; fi
+            done
         done
         if ((${#leftovers[@]})); then
             log "killing leftover job processes: ${leftovers[*]}"
@@ -650,6 +880,9 @@ cmd_down() {
     # After slurmctld, so its last job records reach the database; munge is not needed after.
     stop "slurmdbd:$(dbd_pidfile)"
     stop "mariadbd:$(db_pidfile)" "munged:$(munged_pidfile)"
+    # Only a cluster that made the node network removes it (one started on the loopback beside
+    # it, as a test does, leaves it alone).
+    if [[ $(network_mode) == namespaces ]]; then network_down; fi
 
     if ((purge)); then
         if [[ -e $MARKER ]]; then
@@ -681,6 +914,21 @@ cmd_status() {
     report slurmctld "$(ctld_pidfile)" slurmctld
     gpu_nodes_configured && ALL_NODES+=("${GPU_NODES[@]}")
     for name in "${ALL_NODES[@]}"; do report slurmd "$(node_pidfile "$name")" "slurmd $name"; done
+    echo
+    printf '%-8s %-12s %-9s %-6s %s\n' NODE ADDRESS INTERFACE CORES LINK
+    local iface link cores
+    iface=$(sed -n 's/^interface=//p' "$NETWORK_FILE" 2>/dev/null || true)
+    for name in "${ALL_NODES[@]}"; do
+        link="-"
+        if [[ $(network_mode) == namespaces ]]; then
+            link=$(link_rate "$name")
+            if link_is_up "$name"; then link+=" up"; else link+=" DOWN"; fi
+        fi
+        cores="-"
+        pid=$(pid_of slurmd "$(node_pidfile "$name")") &&
+            cores=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' "/proc/$pid/status" 2>/dev/null)
+        printf '%-8s %-12s %-9s %-6s %s\n' "$name" "$(node_addr "$name")" "${iface:-lo}" "$cores" "$link"
+    done
     if alive slurmctld "$(ctld_pidfile)" && [[ -r $CONF ]]; then
         echo
         sinfo -N || all=1
@@ -691,8 +939,47 @@ cmd_status() {
     return "$all"
 }
 
+# --- faults and rates on a running cluster -----------------------------------------------------
+
+# known_node NODE: NODE is one of this cluster's nodes, or exit 2 naming them.
+known_node() {
+    local node
+    for node in "${ALL_NODES[@]}"; do [[ $node == "$1" ]] && return 0; done
+    echo "local-slurm: no node '$1' in this cluster; its nodes: ${ALL_NODES[*]}" >&2
+    exit 2
+}
+
+cmd_link() {
+    gpu_nodes_configured && ALL_NODES+=("${GPU_NODES[@]}")
+    if [[ $(network_mode) != namespaces || ! -e /run/netns/$(netns_of "${NODES[0]}") ]]; then
+        echo "local-slurm: the nodes have no links of their own: start the cluster with 'up' as root where network namespaces can be made" >&2
+        exit 2
+    fi
+    local node nodes=()
+    case ${1:-} in
+    rate)
+        [[ $# -ge 2 ]] || usage
+        check_rate "$2"
+        nodes=("${@:3}")
+        ((${#nodes[@]})) || nodes=("${ALL_NODES[@]}")
+        for node in "${nodes[@]}"; do known_node "$node"; done
+        for node in "${nodes[@]}"; do set_link "$node" "$2"; done
+        log "link rate $2: ${nodes[*]}"
+        ;;
+    *)
+        [[ $# == 2 && ($2 == down || $2 == up) ]] || usage
+        known_node "$1"
+        # The bridge side of the node's veth, as a cable pulled at the switch: the node keeps
+        # its interface and address, and reaches nothing.
+        ip link set "$(veth_of "$1")" "$2" || fail "could not set $1's link $2"
+        log "$1's link is $2"
+        ;;
+    esac
+}
+
 case ${1:-} in
-up) cmd_up ;;
+up) shift && cmd_up "$@" ;;
+link) shift && cmd_link "$@" ;;
 down) shift && cmd_down "$@" ;;
 status) cmd_status ;;
 env) printf 'export SLURM_CONF=%q\n' "$CONF" ;;

@@ -59,10 +59,11 @@ finish() {  # finish NAME: wait for the background step NAME, print its log, fai
 
 # 1. System packages: the local Slurm cluster (slurm, slurmdbd, munge, MariaDB), Open MPI for
 #    Horovod and mpi4py, a compiler and CMake for the Horovod build, tcmalloc for CPU training
-#    (train.malloc: auto), runc for the local cluster's containers (srun --container).
+#    (train.malloc: auto), runc for the local cluster's containers (srun --container), iproute2
+#    for its node network (ip, tc).
 BUILD_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make)
 SYSTEM_PACKAGES=(slurm-wlm slurmdbd slurm-client munge mariadb-server "${BUILD_PACKAGES[@]}"
-                 util-linux procps libtcmalloc-minimal4 runc)
+                 util-linux procps libtcmalloc-minimal4 runc iproute2)
 apt_install() {  # apt_install PACKAGE...: the build tools first ($logs/build-tools then), the rest
     local tools=() rest=() pkg
     for pkg in "$@"; do

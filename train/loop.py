@@ -242,7 +242,9 @@ def _train(exp: Experiment, spec: registry.StrategySpec, env: distenv.DistEnv,
     metrics.write("header", **header(training, env))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     placement = {"device": str(strategy.device), "devices": strategy.devices_per_process,
-                 "cuda_visible_devices": visible, "device_hint": env.device_hint(visible)}
+                 "cuda_visible_devices": visible, "device_hint": env.device_hint(visible),
+                 # Where this rank's Gloo traffic goes: the node interface, not lo, on a cluster.
+                 "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME")}
     try:
         summary = fit(training, metrics, log, placement)
     except BaseException:

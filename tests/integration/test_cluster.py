@@ -63,11 +63,158 @@ def test_four_nodes_of_four_cpus_in_partition_debug(slurm_cluster: Path) -> None
 def test_srun_runs_on_two_named_nodes_that_resolve_each_other(slurm_cluster: Path) -> None:
     result = run(
         "srun", "-N2", "--ntasks-per-node=1", "--nodelist=node1,node2",
-        "bash", "-c", 'echo "$(hostname) $(getent hosts node2)"',
+        "bash", "-c", 'echo "$(hostname) $(getent hosts node2 | cut -d" " -f1) $(hostname -i)"',
     )
     assert result.returncode == 0, result.stderr
-    lines = sorted(" ".join(line.split()) for line in result.stdout.splitlines())
-    assert lines == ["node1 127.0.100.2 node2", "node2 127.0.100.2 node2"]
+    rows = sorted(line.split() for line in result.stdout.splitlines())
+    assert [row[0] for row in rows] == ["node1", "node2"], rows
+    # node2 resolves to the same address on both nodes, and that is node2's own.
+    assert rows[0][1] == rows[1][1] == rows[1][2] != rows[0][2], rows
+
+
+# Each rank's view of its node, printed by a task: name, interfaces with an address, its own
+# address, node2's, its cores, and whether any route leaves the node's subnet.
+NODE_VIEW = (
+    "import json, os, socket, subprocess; from hpcdp import distenv; "
+    "print(json.dumps({'node': socket.gethostname(), 'interfaces': distenv.local_interfaces(), "
+    "'address': socket.gethostbyname(socket.gethostname()), "
+    "'node2': socket.gethostbyname('node2'), 'cores': sorted(os.sched_getaffinity(0)), "
+    "'default_route': subprocess.run(['ip', 'route', 'show', 'default'], capture_output=True, "
+    "text=True).stdout.strip()}))"
+)
+
+
+def namespaces_only() -> None:
+    if cluster.network_mode() != "namespaces":
+        pytest.skip("the cluster runs without its node network here (no network namespaces); "
+                    "`hpcdp cluster up` said why")
+
+
+def node_views(*nodes: str) -> dict[str, dict]:
+    import json
+
+    result = run("srun", f"-N{len(nodes)}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}",
+                 sys.executable, "-c", NODE_VIEW)
+    assert result.returncode == 0, result.stderr
+    views = [json.loads(line) for line in result.stdout.splitlines()]
+    return {view["node"]: view for view in views}
+
+
+def test_each_node_has_its_own_interface_address_and_core(slurm_cluster: Path) -> None:
+    """Issue 45: one interface hsn0 per node, as on a real cluster, an address of its own, no
+    route off the machine, and a core of its own (nodes share cores only beyond the count)."""
+    namespaces_only()
+    views = node_views("node1", "node2")
+    for view in views.values():
+        assert view["interfaces"] == ["lo", "hsn0"], view
+        assert view["node2"] == views["node2"]["address"], view
+        assert view["default_route"] == "", f"a route leaves the node: {view}"
+        assert len(view["cores"]) == 1, view
+    assert views["node1"]["address"] != views["node2"]["address"]
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert views["node1"]["cores"] != views["node2"]["cores"], views
+    status = run(sys.executable, "-m", "hpcdp", "cluster", "status").stdout
+    row = next(line.split() for line in status.splitlines() if line.startswith("node1 "))
+    assert row[1:4] == [views["node1"]["address"], "hsn0", str(views["node1"]["cores"][0])], row
+
+
+def veth_bytes(node: str) -> int:
+    """Bytes through NODE's link, both ways, as its end on the bridge counts them."""
+    stats = Path(f"/sys/class/net/hpv-{node}/statistics")
+    return sum(int((stats / f"{way}_bytes").read_text()) for way in ("rx", "tx"))
+
+
+# A TCP stream of MB megabytes from the client to the server; the server prints what it got
+# per second (bits), from its first byte to the last.
+STREAM = """
+import socket, sys, time
+role, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if role == "server":
+    s = socket.create_server(("", port)); c, _ = s.accept(); n = 0; t0 = None
+    while (b := c.recv(1 << 20)):
+        t0 = t0 or time.monotonic(); n += len(b)
+    print(n * 8 / (time.monotonic() - t0))
+else:
+    for _ in range(100):
+        try:
+            c = socket.create_connection((host, port)); break
+        except OSError:
+            time.sleep(0.1)
+    c.sendall(b"x" * (int(sys.argv[4]) << 20)); c.close()
+"""
+
+
+def stream_bits_per_s(tmp_path: Path, server: str, client: str, megabytes: int) -> float:
+    """A plain TCP stream from `client` to `server` (nodes), as two job steps at once."""
+    from free_port import free_port
+
+    script = tmp_path / "stream.py"
+    script.write_text(STREAM)
+    port = str(free_port())
+    serve = subprocess.Popen(["srun", "-N1", "-n1", f"--nodelist={server}", sys.executable,
+                              str(script), "server", server, port], stdout=subprocess.PIPE,
+                             text=True)
+    send = run("srun", "-N1", "-n1", f"--nodelist={client}", sys.executable, str(script),
+               "client", server, port, str(megabytes))
+    out, _ = serve.communicate(timeout=JOB_TIMEOUT_S)
+    assert send.returncode == 0 and serve.returncode == 0, send.stderr
+    return float(out.strip())
+
+
+def test_a_link_carries_its_rate_and_traffic_inside_a_node_stays_there(
+        slurm_cluster: Path, tmp_path: Path) -> None:
+    """node3 and node4 (only this stream of tests uses them, one test at a time), shaped to
+    250 Mbit/s: a TCP stream between them gets 80-100% of it (Ethernet and TCP headers take
+    ~5%; measured here 96%); a stream inside node3 never touches its link."""
+    namespaces_only()
+    assert cluster.set_link_rate("250mbit", ["node3", "node4"]) == 0
+    try:
+        rate = stream_bits_per_s(tmp_path, "node4", "node3", 16)
+        assert 0.8 * 250e6 <= rate <= 1.0 * 250e6, f"{rate / 1e6:.0f} Mbit/s"
+        before = veth_bytes("node3")
+        inside = stream_bits_per_s(tmp_path, "node3", "node3", 16)
+        assert veth_bytes("node3") - before < 1 << 20, "traffic inside node3 crossed its link"
+        assert inside > 2 * rate, f"inside node3: {inside / 1e6:.0f} Mbit/s"
+    finally:
+        assert cluster.set_link_rate("default", ["node3", "node4"]) == 0
+
+
+def test_a_cut_link_cuts_the_node_off_until_it_is_restored(slurm_cluster: Path) -> None:
+    """`hpcdp cluster link node4 down` as a cable pulled at the switch: node3 cannot reach
+    node4's slurmd port, status says DOWN; `up` restores it (seconds, well inside Slurm's
+    SlurmdTimeout: node4 is never marked down)."""
+    namespaces_only()
+    conf = (slurm_cluster / "etc" / "slurm.conf").read_text()
+    port = next(line.split("Port=")[1].split()[0] for line in conf.splitlines()
+                if line.startswith("NodeName=node4 "))
+    reach = ["srun", "-N1", "-n1", "--nodelist=node3", "bash", "-c",
+             f"timeout 2 bash -c '</dev/tcp/node4/{port}' && echo reached"]
+    assert "reached" in run(*reach).stdout
+    cut = run(sys.executable, "-m", "hpcdp", "cluster", "link", "node4", "down")
+    try:
+        assert cut.returncode == 0 and "node4's link is down" in cut.stdout, cut.stdout
+        assert "reached" not in run(*reach).stdout
+        status = run(sys.executable, "-m", "hpcdp", "cluster", "status").stdout
+        assert any(line.startswith("node4 ") and line.endswith("DOWN")
+                   for line in status.splitlines()), status
+    finally:
+        restored = run(sys.executable, "-m", "hpcdp", "cluster", "link", "node4", "up")
+    assert restored.returncode == 0
+    assert "reached" in run(*reach).stdout
+
+
+@pytest.mark.parametrize("args, said", [
+    (["link", "--rate", "1gb"], "link rate '1gb' is not valid"),
+    (["up", "--link", "fast"], "link rate 'fast' is not valid"),
+    (["link", "node9", "down"], "no node 'node9' in this cluster"),
+    (["link", "node1", "sideways"], "link state 'sideways' is not valid"),
+    (["link", "node1"], "takes NODE down|up"),
+])
+def test_bad_link_input_is_one_line_and_exit_2(slurm_cluster: Path, args, said) -> None:
+    result = run(sys.executable, "-m", "hpcdp", "cluster", *args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    said_lines = (result.stdout + result.stderr).strip().splitlines()
+    assert len(said_lines) == 1 and said in said_lines[0], said_lines
 
 
 def test_two_node_batch_job_is_completed_in_sacct(slurm_cluster: Path, tmp_path: Path) -> None:

@@ -24,15 +24,18 @@ import pytest
 from horovod_probe import horovod_importable
 from slurm_jobs import logs, records, sets, wait_all
 
+from hpcdp import cluster
+
 # Only the gpu partition's nodes: scripts/test.sh runs these beside the debug partition's tests.
 pytestmark = [pytest.mark.slurm, pytest.mark.gpu_partition]
 
 GPUS_PER_NODE = 2  # of the 4 a GPU node has: two ranks per node keep the jobs short
 
 # The generic GPU profile as a site would adapt it to this cluster: its partition is `gpu`
-# already; no modules, no venv to source, loopback for NCCL and Gloo, one CPU per task.
+# already; no modules, no venv to source, the nodes' interface for NCCL and Gloo, one CPU per
+# task.
 ADAPTED = sets("cluster.modules=[]", "cluster.setup=[]", f"cluster.python={sys.executable}",
-               "cluster.network_interface=lo", "cluster.cpus_per_task=1",
+               f"cluster.network_interface={cluster.node_interface()}", "cluster.cpus_per_task=1",
                f"cluster.gpus_per_node={GPUS_PER_NODE}",
                "cluster.env={OMPI_ALLOW_RUN_AS_ROOT: '1', OMPI_ALLOW_RUN_AS_ROOT_CONFIRM: '1', "
                "OMPI_MCA_rmaps_base_oversubscribe: '1'}",

@@ -73,8 +73,8 @@ def test_rendered_script_runs_by_hand_with_sbatch_on_two_nodes(slurm_cluster, tm
     The same job carries `network_interface: '^docker0,lo'` (NCCL's syntax, the form
     troubleshooting.md recommends), which once rendered GLOO_SOCKET_IFNAME='^docker0,lo' that
     Gloo cannot read: CPU DDP broke. Now each node resolves it to an interface Gloo can use
-    (here the machine's own, which every local "node" shares). Where the machine has no
-    interface but lo, the job runs without it."""
+    (on the local cluster, each node's hsn0). Where the machine has no interface but lo, the
+    job runs without it."""
     from hpcdp import distenv
 
     exclusion = [name for name in distenv.local_interfaces() if not name.startswith("lo")]
@@ -99,9 +99,21 @@ def test_rendered_script_runs_by_hand_with_sbatch_on_two_nodes(slurm_cluster, tm
         assert "GLOO_SOCKET_IFNAME" not in text and "NCCL_SOCKET_IFNAME='^docker0,lo'" in text
 
 
+def link_bytes() -> dict[str, int]:
+    """Bytes each local-cluster node sent over its link (its bridge end's rx), by node."""
+    return {path.name[len("hpv-"):]: int((path / "statistics" / "rx_bytes").read_text())
+            for path in Path("/sys/class/net").glob("hpv-*")}
+
+
 def test_hpcdp_submit_wait_completes_on_two_nodes(slurm_cluster, tmp_path):
+    """Also (issue 45): every rank's Gloo traffic goes through its node's interface, not lo,
+    and each node's link carries at least one gradient per step."""
+    from hpcdp import cluster
+
+    before = link_bytes()
     result = hpcdp("submit", "--strategy", "distributed-ps", "--nodes", "2", "--wait",
                    "--out", str(tmp_path / "runs"), *FAST, cwd=tmp_path)
+    after = link_bytes()
     assert "COMPLETED" in result.stdout
     state_file = Path(os.environ["HPCDP_STATE_DIR"]) / "jobs.jsonl"
     record = json.loads(state_file.read_text().splitlines()[-1])
@@ -110,7 +122,17 @@ def test_hpcdp_submit_wait_completes_on_two_nodes(slurm_cluster, tmp_path):
     # submitit sent exactly the rendered script
     submitted = sorted((run_dir / ".submitit").rglob("*submission*"))
     assert submitted and submitted[0].read_text() == (run_dir / "job.sbatch").read_text()
-    assert metrics(run_dir)[0]["world_size"] == 2
+    header = metrics(run_dir)[0]
+    assert header["world_size"] == 2
+    ranks = [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank-*.json"))]
+    assert len({r["node"] for r in ranks}) == 2, ranks
+    if cluster.network_mode() == "namespaces":
+        assert [r["gloo_interface"] for r in ranks] == ["hsn0", "hsn0"], ranks
+        # A 2-rank ring all-reduce sends each rank's whole gradient once (half in the
+        # reduce-scatter, half in the all-gather), every step; other jobs only add bytes.
+        for r in ranks:
+            sent = after[r["node"]] - before.get(r["node"], 0)
+            assert sent >= 4 * header["grad_bytes_per_step"], (r["node"], sent)
     rows = json.loads(hpcdp("status", "--json", cwd=tmp_path).stdout)
     assert rows[-1]["job_id"] == record["job_id"] and rows[-1]["state"] == "COMPLETED"
 
