@@ -17,6 +17,8 @@ if ! .venv/bin/python -c "import horovod.torch" 2>/dev/null; then
 fi
 
 if "$HPCDP" cluster up; then
+    echo "demo: each node has a core and a network link of its own (hpcdp cluster status): the"
+    echo "demo: 2-node cells pay for their gradients crossing the link (docs/local-cluster.md)"
     "$HPCDP" compare --experiment smoke --repeats 2 "${sets[@]}" --wait
     results=runs/smoke/compare
 else

@@ -18,7 +18,7 @@ export OMP_NUM_THREADS=1
 # Why: a Slurm test leaves the CPUs about half idle while it waits for the scheduler, sacct and
 # requeues (measured: 49% idle over test_compare.py and test_preemption.py), and the tests that
 # start local processes fill that time; one process of them left a core idle whenever it ran a
-# one-process test beside a waiting Slurm test (measured at stop 41: 2265 CPU-s counted in 24
+# one-process test beside a waiting Slurm test (measured on 2026-12-06: 2265 CPU-s counted in 24
 # minutes on 2 cores). The Slurm tests of the debug partition stay one at a time, so none
 # depends on which nodes Slurm hands out; those of the gpu partition (its own nodes, marked
 # gpu_partition) run in a local stream, beside them.

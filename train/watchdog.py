@@ -14,6 +14,12 @@ starts. A rank that fires dumps its own stack; the lowest rank that fired then n
 ranks and their nodes (hang/summary.txt, hang/silent_nodes for the batch script's
 `train.on_hang: requeue`), and reads the silent ranks' stacks with py-spy where it is installed
 and the silent rank runs on the same machine (a stopped process cannot dump its own).
+
+A network partition leaves both sides alive, each waiting for the other: so every rank that
+fires first tries the Slurm controller (a TCP connection to slurm.conf's SlurmctldHost), and the
+summary names the nodes whose ranks could not reach it as cut off, and the others as having
+only waited for them. (A node cut off from a real cluster's shared file system cannot write its
+dump either, and is named silent.)
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ SUMMARY_WAIT_S = 3.0
 SUMMARY_DEADLINE_S = 30.0
 """How long the other ranks stay alive for the summary (srun ends the step when one exits)."""
 PY_SPY_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 2.0
+"""How long a rank that fired tries to reach the Slurm controller (well inside SUMMARY_WAIT_S)."""
+SLURMCTLD_DEFAULT_PORT = 6817
 
 
 class Watchdog:
@@ -97,6 +106,9 @@ class Watchdog:
         print(cause, file=sys.stderr, flush=True)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
+            # Before the dump: the rank writing the summary reads this once it sees the dump.
+            (self.folder / f"rank-{self.rank}.network").write_text(
+                describe_reach(slurm_controller()) + "\n")
             with open(self.folder / f"rank-{self.rank}.txt", "w") as f:
                 f.write(f"{cause}\npid {os.getpid()}\n\n")
                 f.flush()
@@ -112,15 +124,21 @@ class Watchdog:
             os._exit(HANG_EXIT)
 
     def _dumped(self) -> set[int]:
-        return {int(p.stem.split("-")[1]) for p in self.folder.glob("rank-*.txt")}
+        # rank-N.txt: the rank's own dump (not rank-N.py-spy.txt, a stack read from outside)
+        return {int(p.stem[len("rank-"):]) for p in self.folder.glob("rank-*.txt")
+                if p.stem[len("rank-"):].isdigit()}
 
     def _write_summary(self, host: str) -> None:
         dumped = self._dumped()
         silent = [r for r in range(self.world_size) if r not in dumped]
-        where = {r: _where(self.folder.parent / "ranks" / f"rank-{r}.json") for r in silent}
-        nodes = sorted({w["node"] for w in where.values() if w})
-        for rank, w in where.items():
-            out = self.folder / f"rank-{rank}.py-spy.txt"
+        where = {r: _where(self.folder.parent / "ranks" / f"rank-{r}.json")
+                 for r in range(self.world_size)}
+        node = {r: (where[r] or {}).get("node", "?") for r in where}
+        nodes = sorted({node[r] for r in silent if where[r]})
+        cut = [r for r in sorted(dumped) if self._reach(r).startswith("cannot reach")]
+        cut_nodes = sorted({node[r] for r in cut})
+        for rank in silent:
+            w, out = where[rank], self.folder / f"rank-{rank}.py-spy.txt"
             if not w:
                 out.write_text(f"rank {rank} recorded no pid: no stack\n")
             elif w["machine"] != socket.gethostname():
@@ -128,12 +146,67 @@ class Watchdog:
                                "was written: py-spy cannot reach it, no stack\n")
             else:
                 _py_spy(w["pid"], out)
-        (self.folder / "silent_nodes").write_text(",".join(nodes) + "\n" if nodes else "")
+        faulty = sorted(set(nodes) | set(cut_nodes))
+        (self.folder / "silent_nodes").write_text(",".join(faulty) + "\n" if faulty else "")
         (self.folder / "summary.txt").write_text(
             f"no progress after step {self.step}; rank {self.rank} on {host} wrote this.\n"
             f"ranks with a stack dump: {sorted(dumped)}\n"
             f"silent ranks (stopped, dead, or stuck where no thread runs): {silent}\n"
-            f"silent nodes: {', '.join(nodes) or '-'}\n")
+            f"silent nodes: {', '.join(nodes) or '-'}\n"
+            + self._partition_lines(dumped, silent, cut, cut_nodes, node))
+
+    def _reach(self, rank: int) -> str:
+        try:
+            return (self.folder / f"rank-{rank}.network").read_text().strip()
+        except OSError:
+            return "not recorded"
+
+    def _partition_lines(self, dumped: set[int], silent: list[int], cut: list[int],
+                         cut_nodes: list[str], node: dict[int, str]) -> str:
+        """What the network says: which nodes were cut off, and who only waited for them."""
+        if cut:
+            waited = [r for r in sorted(dumped) if r not in cut]
+            return (f"cut off: {', '.join(cut_nodes)} (its ranks {cut} cannot reach the Slurm "
+                    f"controller: a link or switch port down, or the node's network)\n"
+                    f"ranks that only waited for it: {waited} on "
+                    f"{', '.join(sorted({node[r] for r in waited})) or '-'}\n")
+        if not silent and len(dumped) > 1:
+            return ("every rank is alive (each dumped its stack) and none was found cut off "
+                    "from the Slurm controller: each side saw the others silent (a partition "
+                    "between the nodes alone, or ranks waiting on each other)\n")
+        return ""
+
+
+def slurm_controller(conf: str | None = None) -> tuple[str, int] | None:
+    """(address, port) of the Slurm controller from slurm.conf ($SLURM_CONF, else Slurm's
+    default path); None where there is none to read (outside Slurm, a configless node)."""
+    path = Path(conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    host, port = None, SLURMCTLD_DEFAULT_PORT
+    for line in text.splitlines():
+        key, _, value = line.split("#", 1)[0].partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if key in ("slurmctldhost", "controlmachine") and host is None and value:
+            # HOST or HOST(ADDRESS): the address is what the nodes connect to.
+            host = value.split("(", 1)[1].rstrip(")") if "(" in value else value
+        elif key == "slurmctldport" and value.split("-")[0].isdigit():
+            port = int(value.split("-")[0])
+    return (host, port) if host else None
+
+
+def describe_reach(controller: tuple[str, int] | None) -> str:
+    """'reaches|cannot reach the Slurm controller at H:P', or why it was not tried."""
+    if controller is None:
+        return "no Slurm controller to try (no slurm.conf here)"
+    where = f"{controller[0]}:{controller[1]}"
+    try:
+        with socket.create_connection(controller, timeout=CONNECT_TIMEOUT_S):
+            return f"reaches the Slurm controller at {where}"
+    except OSError as exc:
+        return f"cannot reach the Slurm controller at {where} ({exc.__class__.__name__})"
 
 
 def _where(path: Path) -> dict | None:

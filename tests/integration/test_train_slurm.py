@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from hpcdp import cluster
+
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ["train.steps=8", "train.log_interval=1", "train.eval_interval=0",
         "train.checkpoint_interval=0", "train.micro_batch_size=4", "data.corpus=synthetic",
@@ -29,7 +31,7 @@ pytestmark = pytest.mark.slurm
 def srun(out: Path, sets: list[str] = SETS) -> list[str]:
     """DDP on 2 nodes of 1 rank, as the rendered script's srun line starts it."""
     env = ",".join(["ALL", "OMP_NUM_THREADS=1", f"PYTHONPATH={ROOT}",
-                    "HPCDP_NETWORK_INTERFACE=lo"])
+                    f"HPCDP_NETWORK_INTERFACE={cluster.node_interface()}"])
     cmd = ["srun", "--nodes=2", "--ntasks-per-node=1", "--time=5", f"--export={env}",
            "--kill-on-bad-exit=1", sys.executable, "-m", "train", "--experiment", "smoke",
            "--strategy", "distributed-ps", "--out", str(out), "--resume", "--expect-world", "2",
