@@ -449,6 +449,9 @@ SchedulerParameters=sched_interval=5,bf_interval=5
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
+# A node that stops answering (its link cut) is declared DOWN after 30 s, not 300: on this
+# miniature, a node failure and the requeue that follows are seen in a test's time.
+SlurmdTimeout=30
 KillWait=2
 SlurmctldDebug=info
 SlurmdDebug=info
@@ -867,7 +870,7 @@ cmd_down() {
     if ((${#namespaces[@]})); then
         local leftovers=() p ns n
         for p in /proc/[0-9]*; do
-            ns=" $(readlink "$p/ns/uts" 2>/dev/null) $(readlink "$p/ns/net" 2>/dev/null) "
+            ns=" $(readlink "$p/ns/uts" 2>/dev/null || true) $(readlink "$p/ns/net" 2>/dev/null || true) "
             for n in "${namespaces[@]}"; do
                 if [[ $ns == *" $n "* ]]; then leftovers+=("${p#/proc/}") && break; fi
             done
