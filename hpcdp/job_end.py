@@ -1,4 +1,5 @@
-"""Why a job failed, read from its log, in the one line a user acts on.
+"""Why a job failed, read from its log, in the one line a user acts on: a node that stopped
+responding (NODE_FAIL), or out of memory.
 
 One reading for every place that reports a failed job: the job script prints it at the end of
 its log (`python -m hpcdp.job_end LOG`), and `hpcdp status`, `submit --wait` and harvest print
@@ -88,6 +89,27 @@ def out_of_memory(text: str, state: str | None = None) -> OutOfMemory | None:
     return None
 
 
+# The job script's own line (templates/base.sbatch.j2: node_failure), else srun's and
+# slurmstepd's: "srun: error: Node failure on node2", "... CANCELLED AT ... DUE TO NODE FAILURE".
+_NODE_FAILURE_SAID = re.compile(r"^hpcdp: (?P<line>\S+ stopped responding \(Slurm: NODE_FAIL\).*)$",
+                                re.M)
+_NODE_FAILURE = re.compile(r"^srun: error: Node failure on (?P<node>\S+)$|DUE TO NODE FAILURE",
+                           re.M)
+
+
+def node_failure(text: str, state: str | None = None) -> str | None:
+    """The line for a job that a node's failure ended (Slurm requeues such a job itself), or
+    None. Never a preemption, a scancel or a failure of the strategy."""
+    said = list(_NODE_FAILURE_SAID.finditer(text))
+    if said:
+        return said[-1]["line"]
+    found = [m["node"] for m in _NODE_FAILURE.finditer(text) if m["node"]]
+    if found or _NODE_FAILURE.search(text) or state == "NODE_FAIL":
+        who = ",".join(dict.fromkeys(found)) or "a node"
+        return f"{who} stopped responding (Slurm: NODE_FAIL); not a failure of the strategy"
+    return None
+
+
 def read_tail(path: Path) -> str | None:
     """The end of a log (TAIL_BYTES), or None when it cannot be read."""
     try:
@@ -101,8 +123,11 @@ def read_tail(path: Path) -> str | None:
 def why_failed(log: Path, state: str | None = None) -> str | None:
     """The one line for a failed job whose log is `log`, or None when the log says nothing
     this module can name."""
-    text = read_tail(log)
-    found = out_of_memory(text or "", state)
+    text = read_tail(log) or ""
+    failed_node = node_failure(text, state)
+    if failed_node:
+        return failed_node
+    found = out_of_memory(text, state)
     return found.line() if found else None
 
 

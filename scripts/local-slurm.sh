@@ -976,6 +976,11 @@ cmd_link() {
         # its interface and address, and reaches nothing.
         ip link set "$(veth_of "$1")" "$2" || fail "could not set $1's link $2"
         log "$1's link is $2"
+        # Slurm set a node that stopped answering DOWN; with the cable back, an admin resumes it
+        # (slurmctld would, at a later ping).
+        if [[ $2 == up ]] && sinfo -h -N -n "$1" -o '%t' 2>/dev/null | grep -q '^down'; then
+            scontrol update nodename="$1" state=resume 2>/dev/null && log "$1 resumed in Slurm (it was DOWN)"
+        fi
         ;;
     esac
 }

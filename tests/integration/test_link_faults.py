@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from horovod_probe import horovod_importable
-from slurm_jobs import logs, sets, submit, wait_all, wait_for_step
+from slurm_jobs import logs, records, sets, submit, wait_all, wait_for_step
 
 from hpcdp import cluster
 
@@ -77,3 +77,64 @@ def test_a_cut_link_ends_every_rank_within_the_bound_naming_the_node_cut_off(
     for strategy, (job_id, run_dir) in jobs.items():
         assert infos[job_id].state == "FAILED", f"{strategy}: {infos[job_id]}"
         assert "WATCHDOG" in logs(run_dir)
+
+
+REQUEUE_STEPS, CUT_AFTER, SLOW_BOUND_S = 60, 6, 150
+# Checkpoints every 2 steps: what survives the node is the last one before the cut. A hang
+# bound longer than Slurm takes to declare the node failed: Slurm ends the job first (with the
+# bound above, the watchdog does, and srun may give up on the cut node's tasks: FAILED).
+REQUEUE_SETTINGS = sets(f"train.steps={REQUEUE_STEPS}", "train.eval_interval=0",
+                        "train.checkpoint_interval=2", "train.checkpoint_every_s=0",
+                        "train.micro_batch_size=2", "data.corpus=synthetic",
+                        f"train.dist_timeout_s={SLOW_BOUND_S}",
+                        f"train.hang_floor_s={SLOW_BOUND_S}", "cluster.extra_sbatch=[--exclusive]")
+NODE_FAIL_WITHIN_S = 90  # SlurmdTimeout (30 s on the local cluster) and a ping cycle or two
+
+
+def _restarts(job_id: str) -> int:
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                           text=True).stdout
+    found = [w for w in shown.split() if w.startswith("Restarts=")]
+    return int(found[0].split("=")[1]) if found else 0
+
+
+def test_a_node_slurm_declares_failed_is_named_and_the_requeued_job_resumes(
+        slurm_cluster, tmp_path):
+    """Issue 49: the cut stays until Slurm declares the node failed (NODE_FAIL) and requeues
+    the job itself. The job log says so in one line (not a preemption, not a scancel), `hpcdp
+    status` reads it, the link comes back, and the rerun resumes from the newest checkpoint:
+    every step once, as after a preemption."""
+    if cluster.network_mode() != "namespaces":
+        pytest.skip("the cluster runs without its node network here: no link to cut")
+    strategies = ["distributed-ps"] + (["horovod"] if horovod_importable() else [])
+    jobs = {s: submit(tmp_path, s, 2, tmp_path / s, *REQUEUE_SETTINGS) for s in strategies}
+    cut = {}
+    try:
+        for strategy, (_, run_dir) in jobs.items():  # each cut as soon as it is under way
+            wait_for_step(run_dir, CUT_AFTER)
+            cut[strategy] = _node_of_rank(run_dir, 1)
+            assert cluster.set_link_state(cut[strategy], "down") == 0
+        deadline = time.monotonic() + NODE_FAIL_WITHIN_S
+        while any(_restarts(job_id) == 0 for job_id, _ in jobs.values()):
+            assert time.monotonic() < deadline, "Slurm did not requeue the jobs for NODE_FAIL"
+            time.sleep(1)
+    except BaseException:
+        subprocess.run(["scancel", *[job_id for job_id, _ in jobs.values()]])
+        raise
+    finally:
+        for node in set(cut.values()):
+            cluster.set_link_state(node, "up")
+    infos = wait_all([job_id for job_id, _ in jobs.values()], timeout_s=300)
+    from hpcdp import harvest
+
+    for strategy, (job_id, run_dir) in jobs.items():
+        log = logs(run_dir)
+        assert infos[job_id].state == "COMPLETED", f"{strategy}: {infos[job_id]}\n{log[-3000:]}"
+        said = f"hpcdp: {cut[strategy]} stopped responding (Slurm: NODE_FAIL); requeued by Slurm"
+        assert said in log, log[-3000:]
+        assert "SIGTERM (preemption or scancel)" not in log
+        assert "resumed from" in log
+        steps = [r["step"] for r in records(run_dir) if r["kind"] == "step"]
+        assert set(steps) == set(range(1, REQUEUE_STEPS + 1)), steps
+        (row,) = harvest.harvest([run_dir], query_slurm=False)
+        assert row.steps == REQUEUE_STEPS

@@ -86,3 +86,31 @@ def test_the_job_scripts_command_prints_the_line_or_nothing(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "hpcdp.job_end", str(tmp_path / "none")],
                              capture_output=True, text=True, check=True)
     assert quiet.stdout == missing.stdout == ""
+
+
+# What a job's log held when node4's link was cut (the local cluster, 2026-12-07).
+NODE_FAILURE_LOG = """\
+srun: error: Node failure on node4
+slurmstepd-node3: error: *** STEP 4618323.0 ON node3 CANCELLED AT 2026-12-07T05:25:35 \
+DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***
+srun: Job step aborted: Waiting up to 4 seconds for job step to finish.
+srun: error: node3: task 0: Killed
+"""
+
+
+def test_a_node_failure_is_named_and_never_out_of_memory_or_a_preemption():
+    line = job_end.node_failure(NODE_FAILURE_LOG)
+    assert line == "node4 stopped responding (Slurm: NODE_FAIL); not a failure of the strategy"
+    assert job_end.out_of_memory(NODE_FAILURE_LOG) is None  # its SIGKILL has a cause
+    said = NODE_FAILURE_LOG + ("hpcdp: node4 stopped responding (Slurm: NODE_FAIL); requeued by "
+                               "Slurm, waiting for nodes: the rerun resumes\n")
+    assert job_end.node_failure(said).startswith("node4 stopped responding (Slurm: NODE_FAIL); "
+                                                 "requeued by Slurm")
+    assert job_end.node_failure("", "NODE_FAIL").startswith("a node stopped responding")
+    assert job_end.node_failure("srun: error: node1: task 0: Killed\n", "FAILED") is None
+
+
+def test_why_failed_reads_a_node_failure_first(tmp_path):
+    log = tmp_path / "slurm-1.out"
+    log.write_text(NODE_FAILURE_LOG)
+    assert job_end.why_failed(log, "NODE_FAIL").startswith("node4 stopped responding")
