@@ -318,6 +318,17 @@ def _why_ended(record: dict, state: str, exit_code: int | None = None) -> str | 
     return f"{why} (see {log})" if why else None
 
 
+def _why_requeued(record: dict, info) -> str | None:
+    """For a job Slurm requeued after one of its nodes stopped responding: the job script's
+    line from its log, so that status shows why the job waits, or ran again."""
+    from hpcdp import job_end
+
+    if not info or not info.restarts:
+        return None
+    line = job_end.node_failure(job_end.read_tail(Path(record["log"])) or "")
+    return f"requeued x{info.restarts}: {line}" if line else None
+
+
 def cmd_compare(args) -> int:
     from hpcdp import campaign, render, run_lock, submit
 
@@ -540,13 +551,16 @@ def _status_frame(records: list[dict], infos, as_json: bool,
             done = dataclasses.replace(done, eta_s=None)  # an ended job has no time left
         why = (_why_ended(record, info.state, info.exit_code)
                if info and info.state in slurm.TERMINAL_STATES else None)
-        lines.append("; ".join(filter(None, [done.line() if done else None, why])) or None)
+        requeued = _why_requeued(record, info)
+        lines.append("; ".join(filter(None, [done.line() if done else None, requeued, why]))
+                     or None)
         rows.append({**record, "state": info.state if info else "UNKNOWN",
                      "reason": info.reason if info else None,
                      "exit_code": info.exit_code if info else None,
                      "elapsed_s": info.elapsed_s if info else None,
                      "restarts": info.restarts if info else None,
-                     "progress": done.to_dict() if done else None, "why": why})
+                     "progress": done.to_dict() if done else None, "why": why,
+                     "requeued": requeued})
     if infos.accounting_available is False:
         notes.append(f"hpcdp: sacct is unavailable ({infos.accounting_message}); ended jobs "
                      "show UNKNOWN")

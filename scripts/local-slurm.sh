@@ -952,6 +952,21 @@ known_node() {
     exit 2
 }
 
+# end_job_processes NODE: kill every process in NODE's network namespace but its slurmd.
+end_job_processes() {
+    local ns keep p killed=()
+    ns="net:[$(stat -L -c %i "/run/netns/$(netns_of "$1")")]"
+    keep=$(pid_of slurmd "$(node_pidfile "$1")" || true)
+    for p in /proc/[0-9]*; do
+        [[ ${p#/proc/} != "$keep" && $(readlink "$p/ns/net" 2>/dev/null || true) == "$ns" ]] &&
+            killed+=("${p#/proc/}")
+    done
+    if ((${#killed[@]})); then
+        kill -KILL "${killed[@]}" 2>/dev/null || true
+        log "$1 was DOWN in Slurm: ended its job processes (${killed[*]}), as its reboot would"
+    fi
+}
+
 cmd_link() {
     gpu_nodes_configured && ALL_NODES+=("${GPU_NODES[@]}")
     if [[ $(network_mode) != namespaces || ! -e /run/netns/$(netns_of "${NODES[0]}") ]]; then
@@ -972,13 +987,21 @@ cmd_link() {
     *)
         [[ $# == 2 && ($2 == down || $2 == up) ]] || usage
         known_node "$1"
+        local was_down=0
+        if [[ $2 == up ]] && sinfo -h -N -n "$1" -o '%t' 2>/dev/null | grep -q '^down'; then
+            was_down=1
+            # Slurm gave the node up and requeued its jobs elsewhere. A failed node is rebooted
+            # before it returns: its job processes go (slurmd stays). Left alive, they would
+            # come back with the job ids Slurm reuses for the requeued jobs, and Slurm's kill
+            # of the old step would hit the new one.
+            end_job_processes "$1"
+        fi
         # The bridge side of the node's veth, as a cable pulled at the switch: the node keeps
         # its interface and address, and reaches nothing.
         ip link set "$(veth_of "$1")" "$2" || fail "could not set $1's link $2"
         log "$1's link is $2"
-        # Slurm set a node that stopped answering DOWN; with the cable back, an admin resumes it
-        # (slurmctld would, at a later ping).
-        if [[ $2 == up ]] && sinfo -h -N -n "$1" -o '%t' 2>/dev/null | grep -q '^down'; then
+        if ((was_down)); then
+            # As an admin does once the cable is back (slurmctld would, at a later ping).
             scontrol update nodename="$1" state=resume 2>/dev/null && log "$1 resumed in Slurm (it was DOWN)"
         fi
         ;;

@@ -179,7 +179,10 @@ class Watchdog:
 
 def slurm_controller(conf: str | None = None) -> tuple[str, int] | None:
     """(address, port) of the Slurm controller from slurm.conf ($SLURM_CONF, else Slurm's
-    default path); None where there is none to read (outside Slurm, a configless node)."""
+    default path); None where there is none to ask: outside a Slurm job (`hpcdp run`'s local
+    processes, whose machine may have a slurm.conf of no use to them), a configless node."""
+    if conf is None and not os.environ.get("SLURM_JOB_ID"):
+        return None
     path = Path(conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
     try:
         text = path.read_text()

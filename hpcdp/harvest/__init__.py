@@ -102,6 +102,8 @@ def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
     notes = []
     if r.restarts:
         notes.append(f"requeued/resumed {r.restarts}x ({r.segments} segments)")
+    if scan.node_failure:  # why Slurm requeued it: not a failure of the strategy
+        notes.append(scan.node_failure)
     if log.corrupt_lines:
         recovered = (f", {log.recovered_records} record(s) recovered"
                      if log.recovered_records else "")

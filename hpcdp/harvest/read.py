@@ -380,6 +380,8 @@ class SlurmLogScan:
     last_traceback_file: str | None = None
     """The slurm-*.out holding the last traceback seen."""
     out_of_memory: str | None = None
+    node_failure: str | None = None
+    """hpcdp/job_end.py's line for the last log whose job a node's failure ended (NODE_FAIL)."""
     """hpcdp/job_end.py's line for the last log whose job ran out of memory."""
 
 
@@ -399,6 +401,9 @@ def scan_slurm_logs(run_dir: Path, job_ids: list[str] | None = None) -> SlurmLog
         oom = job_end.out_of_memory(text)
         if oom:
             scan.out_of_memory = f"{log_path.name}: {oom.line()}"
+        failed_node = job_end.node_failure(text)
+        if failed_node:
+            scan.node_failure = f"{log_path.name}: {failed_node}"
         lines = text.splitlines()
         in_traceback = False
         for line in lines:

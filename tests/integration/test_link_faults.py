@@ -7,9 +7,12 @@ job FAILED (a node Slurm declares failed is requeued instead: NODE_FAIL)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,20 +43,34 @@ def _wait_for(path: Path, timeout_s: float) -> bool:
     return path.exists()
 
 
-def test_a_cut_link_ends_every_rank_within_the_bound_naming_the_node_cut_off(
-        slurm_cluster, tmp_path):
+@contextlib.contextmanager
+def _links_cut_at(tmp_path: Path, settings: list[str], step: int) -> Iterator[tuple[dict, dict]]:
+    """DDP and Horovod (where installed) on 2 nodes each; as each reaches `step`, the link of
+    its rank 1's node (whichever Slurm handed out) is cut. Yields ({strategy: (job id, run
+    dir)}, {strategy: node cut}); restores the links at the end, and cancels the jobs when the
+    test fails inside (long runs must not hold the nodes)."""
     if cluster.network_mode() != "namespaces":
         pytest.skip("the cluster runs without its node network here: no link to cut")
     strategies = ["distributed-ps"] + (["horovod"] if horovod_importable() else [])
-    jobs = {s: submit(tmp_path, s, 2, tmp_path / s, *SETTINGS) for s in strategies}
-    cut = {}
+    jobs = {s: submit(tmp_path, s, 2, tmp_path / s, *settings) for s in strategies}
+    cut: dict[str, str] = {}
     try:
-        for _, run_dir in jobs.values():
-            wait_for_step(run_dir, CUT_AT)
         for strategy, (_, run_dir) in jobs.items():
-            # Rank 1's node, whichever Slurm handed out; the job's other node only waits.
+            wait_for_step(run_dir, step)
             cut[strategy] = _node_of_rank(run_dir, 1)
             assert cluster.set_link_state(cut[strategy], "down") == 0
+        yield jobs, cut
+    except BaseException:
+        subprocess.run(["scancel", *[job_id for job_id, _ in jobs.values()]])
+        raise
+    finally:
+        for node in set(cut.values()):
+            cluster.set_link_state(node, "up")
+
+
+def test_a_cut_link_ends_every_rank_within_the_bound_naming_the_node_cut_off(
+        slurm_cluster, tmp_path):
+    with _links_cut_at(tmp_path, SETTINGS, CUT_AT) as (jobs, cut):
         cut_at = time.monotonic()
         for strategy, (_, run_dir) in jobs.items():
             summary = run_dir / "hang" / "summary.txt"
@@ -66,13 +83,6 @@ def test_a_cut_link_ends_every_rank_within_the_bound_naming_the_node_cut_off(
             assert f"ranks that only waited for it: [0] on {waited}" in text, text
             assert (run_dir / "hang" / "silent_nodes").read_text() == f"{cut[strategy]}\n"
             assert (run_dir / "hang" / "rank-1.txt").exists()  # the cut side's own stack
-    except BaseException:
-        # Jobs of 100000 steps: a failed test must not leave them holding the nodes.
-        subprocess.run(["scancel", *[job_id for job_id, _ in jobs.values()]])
-        raise
-    finally:
-        for node in set(cut.values()):
-            cluster.set_link_state(node, "up")
     infos = wait_all([job_id for job_id, _ in jobs.values()], timeout_s=120)
     for strategy, (job_id, run_dir) in jobs.items():
         assert infos[job_id].state == "FAILED", f"{strategy}: {infos[job_id]}"
@@ -101,29 +111,14 @@ def _restarts(job_id: str) -> int:
 def test_a_node_slurm_declares_failed_is_named_and_the_requeued_job_resumes(
         slurm_cluster, tmp_path):
     """Issue 49: the cut stays until Slurm declares the node failed (NODE_FAIL) and requeues
-    the job itself. The job log says so in one line (not a preemption, not a scancel), `hpcdp
-    status` reads it, the link comes back, and the rerun resumes from the newest checkpoint:
-    every step once, as after a preemption."""
-    if cluster.network_mode() != "namespaces":
-        pytest.skip("the cluster runs without its node network here: no link to cut")
-    strategies = ["distributed-ps"] + (["horovod"] if horovod_importable() else [])
-    jobs = {s: submit(tmp_path, s, 2, tmp_path / s, *REQUEUE_SETTINGS) for s in strategies}
-    cut = {}
-    try:
-        for strategy, (_, run_dir) in jobs.items():  # each cut as soon as it is under way
-            wait_for_step(run_dir, CUT_AFTER)
-            cut[strategy] = _node_of_rank(run_dir, 1)
-            assert cluster.set_link_state(cut[strategy], "down") == 0
+    the job itself. The job log says so in one line (not a preemption, not a scancel), and so
+    do `hpcdp status` and harvest's notes; the link comes back, and the rerun resumes from the
+    newest checkpoint: every step once, as after a preemption."""
+    with _links_cut_at(tmp_path, REQUEUE_SETTINGS, CUT_AFTER) as (jobs, cut):
         deadline = time.monotonic() + NODE_FAIL_WITHIN_S
         while any(_restarts(job_id) == 0 for job_id, _ in jobs.values()):
             assert time.monotonic() < deadline, "Slurm did not requeue the jobs for NODE_FAIL"
             time.sleep(1)
-    except BaseException:
-        subprocess.run(["scancel", *[job_id for job_id, _ in jobs.values()]])
-        raise
-    finally:
-        for node in set(cut.values()):
-            cluster.set_link_state(node, "up")
     infos = wait_all([job_id for job_id, _ in jobs.values()], timeout_s=300)
     from hpcdp import harvest
 
@@ -138,3 +133,11 @@ def test_a_node_slurm_declares_failed_is_named_and_the_requeued_job_resumes(
         assert set(steps) == set(range(1, REQUEUE_STEPS + 1)), steps
         (row,) = harvest.harvest([run_dir], query_slurm=False)
         assert row.steps == REQUEUE_STEPS
+        assert any(f"{cut[strategy]} stopped responding (Slurm: NODE_FAIL)" in note
+                   for note in row.notes), row.notes
+    status = subprocess.run([sys.executable, "-m", "hpcdp", "status", "--json"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    rows = {row["job_id"]: row for row in json.loads(status.stdout)}
+    for strategy, (job_id, _) in jobs.items():
+        assert rows[job_id]["requeued"].startswith(
+            f"requeued x1: {cut[strategy]} stopped responding (Slurm: NODE_FAIL)"), rows[job_id]

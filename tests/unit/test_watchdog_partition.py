@@ -23,6 +23,16 @@ def test_the_controller_is_read_from_slurm_conf(tmp_path: Path) -> None:
     assert slurm_controller(str(tmp_path / "none.conf")) is None
 
 
+def test_outside_a_slurm_job_there_is_no_controller_to_ask(tmp_path, monkeypatch) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("SlurmctldHost=ctl1\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert slurm_controller() is None
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert slurm_controller() == ("ctl1", 6817)
+
+
 def test_reaching_it_is_a_real_connection() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
