@@ -612,7 +612,10 @@ def parse_nodes(text: str) -> list[int]:
         try:
             if dash:
                 a, b = int(lo), int(hi)
-                if a < 1 or b < a:
+                if 1 <= b < a:
+                    raise UsageError(f"--nodes {part!r} is a range from high to low; give it "
+                                     f"low to high: {b}-{a}")
+                if a < 1:
                     raise ValueError
                 k, found = 1, []
                 while k <= b:

@@ -61,9 +61,13 @@ def test_node_counts_parse_and_bad_ones_are_named():
     assert forecast.parse_nodes("1,2,4") == [1, 2, 4]
     assert forecast.parse_nodes("1-128") == [1, 2, 4, 8, 16, 32, 64, 128]
     assert forecast.parse_nodes("3-3") == [3]
-    for bad in ("0", "two", "-1", "1,x", "8-2", "1.5"):
+    for bad in ("0", "two", "-1", "1,x", "0-4", "1.5"):
         with pytest.raises(UsageError, match="is not a positive whole number"):
             forecast.parse_nodes(bad)
+    # Issue 48: a reversed range is named as such, with the range meant.
+    with pytest.raises(UsageError, match=r"--nodes '64-1' is a range from high to low; give "
+                                         r"it low to high: 1-64"):
+        forecast.parse_nodes("1,64-1")
 
 
 def test_the_model_reproduces_published_scaling_within_its_tolerance():
