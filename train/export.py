@@ -231,6 +231,14 @@ def _exported(folder: Path) -> dict[str, Any]:
                          "give a run folder or `hpcdp export`'s --to folder") from None
 
 
+def _context_of(folder: Path) -> int | None:
+    """The model's context (config.json's n_positions), None where it cannot be read."""
+    try:
+        return int(json.loads((folder / "config.json").read_text())["n_positions"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def sample(folder: str, prompt: str, max_new_tokens: int = 50, seed: int = 1234,
            greedy: bool = False) -> str:
     """transformers' own generate on the exported folder."""
@@ -240,6 +248,11 @@ def sample(folder: str, prompt: str, max_new_tokens: int = 50, seed: int = 1234,
                          "(`hpcdp export --to DIR`)")
     if not prompt:
         raise UsageError("--prompt is empty: give some text to continue")
+    # GPT-2's positions end at its context: generation past it fails deep in the embedding.
+    context = _context_of(path)
+    if context and max_new_tokens >= context:
+        raise UsageError(f"--max-new-tokens {max_new_tokens} reaches past the model's context "
+                         f"of {context} tokens (prompt included): ask for fewer than {context}")
     _load_transformers()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -249,6 +262,11 @@ def sample(folder: str, prompt: str, max_new_tokens: int = 50, seed: int = 1234,
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
     if ids.shape[1] == 0:
         raise UsageError("--prompt is empty: give some text to continue")
+    if context and ids.shape[1] + max_new_tokens > context:
+        raise UsageError(f"the prompt's {ids.shape[1]} tokens and --max-new-tokens "
+                         f"{max_new_tokens} reach past the model's context of {context} tokens: "
+                         f"ask for at most {max(context - ids.shape[1], 0)} new tokens, or give "
+                         "a shorter prompt")
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=not greedy,
@@ -339,6 +357,9 @@ def evaluate_text(folder: str, text_file: str) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError):
         raise UsageError(f"--text {text_file!r}: every line of a .jsonl must be an object "
                          "with a \"text\" string") from None
+    if not any(isinstance(doc, str) and doc for doc in docs):
+        raise UsageError(f"--text {text_file!r} holds no text to score: give a file with some "
+                         "text (a .jsonl: a line whose \"text\" is not empty)")
     _load_transformers()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -217,6 +217,24 @@ def test_bad_input_is_one_line_and_nothing_half_written(single_run, tmp_path):
                  cwd=tmp_path)
     assert done.returncode == 2 and "does not match this experiment: n_layer 2" in done.stderr
     assert not (tmp_path / "r3").exists()
+    # Issue 48: text with nothing to score, and generation past the context (128 tokens on
+    # tiny): one line each, where a ZeroDivisionError and an IndexError were.
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "empty.jsonl").write_text('{"text": ""}\n')
+    model = str(tmp_path / "y")
+    for args, says in [
+        (["eval", model, "--text", str(tmp_path / "empty.txt")], "holds no text to score"),
+        (["eval", model, "--text", str(tmp_path / "empty.jsonl")], "holds no text to score"),
+        (["sample", model, "--prompt", "hi", "--max-new-tokens", "500"],
+         "--max-new-tokens 500 reaches past the model's context of 128 tokens"),
+        (["sample", model, "--prompt", "x" * 200, "--max-new-tokens", "5"],
+         "the prompt's 200 tokens and --max-new-tokens 5 reach past the model's context of 128"),
+    ]:
+        done = hpcdp(*args, cwd=tmp_path)
+        errors = [line for line in done.stderr.splitlines() if "error" in line]
+        assert done.returncode == 2 and len(errors) == 1 and says in errors[0], (
+            args, done.stderr[-1000:])
+        assert "Traceback" not in done.stderr
     # --force replaces, whole
     done = hpcdp("export", str(run_dir), "--to", str(tmp_path / "y"), "--force", "--dtype",
                  "bf16", cwd=tmp_path)
