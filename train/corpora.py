@@ -159,8 +159,11 @@ class Corpus:
 
 def _read_text_file(path: Path, tally: Tally | None = None) -> Iterator[str]:
     # Replaced, not fatal: one stray byte in a large corpus should not stop preparation; the
-    # replacements are counted and named once (Tally).
-    yield path.read_text(encoding="utf-8", errors="hpcdp-count")
+    # replacements are counted and named once (Tally). An empty file is no document: it is
+    # named as empty, as an empty .jsonl is.
+    text = path.read_text(encoding="utf-8", errors="hpcdp-count")
+    if text:
+        yield text
 
 
 def _read_json_list(path: Path, tally: Tally | None = None) -> Iterator[str]:

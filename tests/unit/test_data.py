@@ -476,6 +476,7 @@ def test_what_a_corpus_folder_leaves_out_is_named_once_in_the_log_and_the_manife
                                     + json.dumps({"text": None}) + "\n")
     (folder / "good.jsonl").write_text(json.dumps({"text": "all fine " * 30}) + "\n")
     (folder / "empty.jsonl").write_text("")
+    (folder / "empty.txt").write_text("")  # issue 48: named too
     pq.write_table(pa.table({"text": ["a parquet row " * 30, None, None]}), folder / "c.parquet")
     for name in ("d.bin", "notes.csv", "readme.rst"):
         (folder / name).write_text("x")
@@ -489,13 +490,15 @@ def test_what_a_corpus_folder_leaves_out_is_named_once_in_the_log_and_the_manife
     assert "b.jsonl: 1 null text(s) skipped" in said[0]
     assert "c.parquet: 2 null text(s) skipped" in said[0]
     assert "empty.jsonl: empty" in said[0] and "good.jsonl" not in said[0]
+    assert "empty.txt: empty" in said[0]
     skipped = open_data(exp).meta["skipped"]
     assert skipped == {"files": ["d.bin", "notes.csv", "readme.rst"], "null_texts": 3,
                        "invalid_utf8": 20, "by_file": {
                            "a.txt": {"documents": 1, "invalid_utf8": 20},
                            "b.jsonl": {"documents": 1, "null_texts": 1},
                            "c.parquet": {"documents": 1, "null_texts": 2},
-                           "empty.jsonl": {"documents": 0}}}
+                           "empty.jsonl": {"documents": 0},
+                           "empty.txt": {"documents": 0}}}
 
 
 def test_many_files_with_something_left_out_are_named_up_to_a_limit(tmp_path):
