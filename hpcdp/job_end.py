@@ -104,7 +104,7 @@ def node_failure(text: str, state: str | None = None) -> str | None:
     if said:
         return said[-1]["line"]
     found = [m["node"] for m in _NODE_FAILURE.finditer(text) if m["node"]]
-    if found or _NODE_FAILURE.search(text) or state == "NODE_FAIL":
+    if _NODE_FAILURE.search(text) or state == "NODE_FAIL":
         who = ",".join(dict.fromkeys(found)) or "a node"
         return f"{who} stopped responding (Slurm: NODE_FAIL); not a failure of the strategy"
     return None

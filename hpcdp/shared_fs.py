@@ -75,7 +75,11 @@ def problem(run_dir: Path, node_addresses: list[str] | None,
             mounts: str | None = None) -> str | None:
     """Why the partition's nodes cannot see `run_dir`, or None when they can or it cannot be
     told (Slurm did not say which nodes; every node is this machine)."""
-    if not node_addresses or all(is_this_machine(a) for a in node_addresses):
+    if node_addresses:
+        from hpcdp import cluster
+
+        subnet = cluster.node_subnet()  # read once, not once per node
+    if not node_addresses or all(is_this_machine(a, subnet) for a in node_addresses):
         return None
     point, kind = filesystem_of(run_dir, mounts)
     resolved = _resolved(run_dir)

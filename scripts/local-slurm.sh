@@ -223,14 +223,21 @@ check_can_start() {
 
 # --- the node network and cores ----------------------------------------------------------------
 
-# The mode `up` chose, as recorded (namespaces or loopback); loopback before any `up`.
-network_mode() { sed -n 's/^mode=//p' "$NETWORK_FILE" 2>/dev/null | grep . || echo loopback; }
+# The mode `up` chose (namespaces or loopback), as recorded; loopback before any `up`. Read
+# once here; `up` sets it again when it decides.
+# (Builtins only: this runs before `up` checks that the commands it needs exist.)
+MODE=loopback
+if [[ -r $NETWORK_FILE ]]; then
+    while IFS='=' read -r key value; do
+        if [[ $key == mode && -n $value ]]; then MODE=$value; fi
+    done <"$NETWORK_FILE"
+fi
 
 # node_addr NODE: its address (the nodes resolve each other to it).
 node_addr() {
     local n
     n=$(node_number "$1") || return 1
-    if [[ $(network_mode) == namespaces ]]; then echo "$NET_PREFIX.$n"; else echo "127.0.100.$n"; fi
+    if [[ $MODE == namespaces ]]; then echo "$NET_PREFIX.$n"; else echo "127.0.100.$n"; fi
 }
 netns_of() { echo "hpcdp-$1"; }
 veth_of() { echo "hpv-$1"; } # the bridge-side end of NODE's link (its other end is hsn0)
@@ -276,8 +283,8 @@ check_rate() {
 }
 
 # shape DEV RATE [NETNS]: a token bucket of RATE on DEV's egress (none: no shaping). Its burst is
-# 2 ms of the rate (16 KiB at least): large enough for tbf to reach the rate, small enough that
-# a message of a few hundred KiB does not pass at memory speed.
+# 2 ms of the rate, 256 KiB at least: the veths pass segments of up to 64 KiB, and a smaller
+# bucket held a 250 Mbit/s stream to 68-80% of the rate (256 KiB: 94-96%).
 shape() {
     local dev=$1 rate=$2 ns=${3:-} bits burst
     local tcmd=(tc)
@@ -288,7 +295,7 @@ shape() {
     fi
     bits=$(rate_bits "$rate")
     burst=$((bits / 8 / 500))
-    ((burst >= 16384)) || burst=16384
+    ((burst >= 262144)) || burst=262144
     "${tcmd[@]}" qdisc replace dev "$dev" root tbf rate "$rate" burst "$burst" latency 100ms
 }
 
@@ -350,7 +357,7 @@ network_up() {
 }
 
 network_healthy() {
-    [[ $(network_mode) == namespaces ]] || return 0
+    [[ $MODE == namespaces ]] || return 0
     ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
     local node
     for node in "${ALL_NODES[@]}"; do
@@ -373,11 +380,27 @@ network_down() {
     rm -rf "$LINKS_DIR"
 }
 
-# net_namespace_ids: the kernel's ids of this cluster's node namespaces (as /proc/PID/ns/net reads).
+# net_namespace_ids [NODE...]: the kernel's ids of these nodes' network namespaces (default:
+# every one this cluster made), as /proc/PID/ns/net reads them.
 net_namespace_ids() {
-    local f
-    for f in /run/netns/hpcdp-*; do
-        [[ -e $f ]] && echo "net:[$(stat -L -c %i "$f")]"
+    local f files=(/run/netns/hpcdp-*) node
+    if (($#)); then files=(); for node in "$@"; do files+=("/run/netns/$(netns_of "$node")"); done; fi
+    for f in "${files[@]}"; do
+        if [[ -e $f ]]; then echo "net:[$(stat -L -c %i "$f")]"; fi
+    done
+}
+
+# pids_in_namespaces KEEP ID...: every process but pid KEEP whose UTS or network namespace is
+# one of the IDs: what a node's jobs left behind.
+pids_in_namespaces() {
+    local keep=$1 p ns n
+    shift
+    for p in /proc/[0-9]*; do
+        [[ ${p#/proc/} != "$keep" ]] || continue
+        ns=" $(readlink "$p/ns/uts" 2>/dev/null || true) $(readlink "$p/ns/net" 2>/dev/null || true) "
+        for n in "$@"; do
+            if [[ $ns == *" $n "* ]]; then echo "${p#/proc/}" && break; fi
+        done
     done
 }
 
@@ -408,7 +431,7 @@ write_configs() {
     real_mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024) - 2048}' /proc/meminfo)
     # The controller side as the nodes reach it: the bridge, or the loopback.
     local ctld_addr=127.0.0.1
-    [[ $(network_mode) == namespaces ]] && ctld_addr=$BRIDGE_ADDR
+    [[ $MODE == namespaces ]] && ctld_addr=$BRIDGE_ADDR
     first_id=$(first_job_id)
     [[ -s $DB_PASS_FILE ]] || (umask 077 && od -An -N12 -tx1 /dev/urandom | tr -d ' \n' >"$DB_PASS_FILE")
 
@@ -650,7 +673,7 @@ start_slurmd() {
     # /sys/fs/cgroup from slurmd) and on its own core (taskset: with TaskPlugin=task/none every
     # task of the node inherits it).
     local place=()
-    [[ $(network_mode) == namespaces ]] && place+=(nsenter "--net=/run/netns/$(netns_of "$node")")
+    [[ $MODE == namespaces ]] && place+=(nsenter "--net=/run/netns/$(netns_of "$node")")
     command -v taskset >/dev/null && place+=(taskset -c "$(node_core "$node")")
     launch "slurmd-$node" "${place[@]}" unshare --uts --mount --propagation private \
         bash -c 'hostname "$1" && mount --bind "$2" /etc/hosts && exec slurmd -f "$3" -N "$1"' \
@@ -735,7 +758,7 @@ EOF
 }
 network_summary() {
     local node rates
-    if [[ $(network_mode) != namespaces ]]; then
+    if [[ $MODE != namespaces ]]; then
         echo "; nodes share the loopback"
         return 0
     fi
@@ -768,7 +791,7 @@ cmd_up() {
     fi
     if healthy && network_healthy; then
         write_oci_conf
-        if [[ -n $link && $(network_mode) == namespaces ]]; then
+        if [[ -n $link && $MODE == namespaces ]]; then
             local node
             for node in "${ALL_NODES[@]}"; do set_link "$node" "$link"; done
         fi
@@ -777,9 +800,11 @@ cmd_up() {
     fi
     local t0=$SECONDS why
     if why=$(can_make_namespaces); then
+        MODE=namespaces
         # subnet: the nodes' addresses, which hpcdp knows for this machine's (shared_fs.py).
         printf 'mode=namespaces\ninterface=%s\nsubnet=%s.0/24\n' "$NODE_IFACE" "$NET_PREFIX" >"$NETWORK_FILE"
     else
+        MODE=loopback
         # One line, and the cluster still starts: today's shared loopback.
         log "no node network: $why; the nodes share the loopback (127.0.100.N) instead of links of their own"
         printf 'mode=loopback\ninterface=lo\n' >"$NETWORK_FILE"
@@ -793,7 +818,7 @@ cmd_up() {
         stop "${specs[@]}" "slurmctld:$(ctld_pidfile)"
     fi
     # The bridge first: slurmdbd and slurmctld are reached at its address.
-    if [[ $(network_mode) == namespaces ]]; then network_up "$link"; fi
+    if [[ $MODE == namespaces ]]; then network_up "$link"; fi
     start_munged
     start_mariadb
     start_slurmdbd
@@ -868,13 +893,8 @@ cmd_down() {
     for node in "${ALL_NODES[@]}"; do stop_nodes+=("slurmd:$(node_pidfile "$node")"); done
     stop "${stop_nodes[@]}" "slurmctld:$(ctld_pidfile)"
     if ((${#namespaces[@]})); then
-        local leftovers=() p ns n
-        for p in /proc/[0-9]*; do
-            ns=" $(readlink "$p/ns/uts" 2>/dev/null || true) $(readlink "$p/ns/net" 2>/dev/null || true) "
-            for n in "${namespaces[@]}"; do
-                if [[ $ns == *" $n "* ]]; then leftovers+=("${p#/proc/}") && break; fi
-            done
-        done
+        local leftovers=()
+        mapfile -t leftovers < <(pids_in_namespaces "" "${namespaces[@]}")
         if ((${#leftovers[@]})); then
             log "killing leftover job processes: ${leftovers[*]}"
             kill -KILL "${leftovers[@]}" 2>/dev/null || true
@@ -885,7 +905,7 @@ cmd_down() {
     stop "mariadbd:$(db_pidfile)" "munged:$(munged_pidfile)"
     # Only a cluster that made the node network removes it (one started on the loopback beside
     # it, as a test does, leaves it alone).
-    if [[ $(network_mode) == namespaces ]]; then network_down; fi
+    if [[ $MODE == namespaces ]]; then network_down; fi
 
     if ((purge)); then
         if [[ -e $MARKER ]]; then
@@ -919,18 +939,18 @@ cmd_status() {
     for name in "${ALL_NODES[@]}"; do report slurmd "$(node_pidfile "$name")" "slurmd $name"; done
     echo
     printf '%-8s %-12s %-9s %-6s %s\n' NODE ADDRESS INTERFACE CORES LINK
-    local iface link cores
-    iface=$(sed -n 's/^interface=//p' "$NETWORK_FILE" 2>/dev/null || true)
+    local iface=lo link cores
+    [[ $MODE == namespaces ]] && iface=$NODE_IFACE
     for name in "${ALL_NODES[@]}"; do
         link="-"
-        if [[ $(network_mode) == namespaces ]]; then
+        if [[ $MODE == namespaces ]]; then
             link=$(link_rate "$name")
             if link_is_up "$name"; then link+=" up"; else link+=" DOWN"; fi
         fi
         cores="-"
         pid=$(pid_of slurmd "$(node_pidfile "$name")") &&
             cores=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' "/proc/$pid/status" 2>/dev/null)
-        printf '%-8s %-12s %-9s %-6s %s\n' "$name" "$(node_addr "$name")" "${iface:-lo}" "$cores" "$link"
+        printf '%-8s %-12s %-9s %-6s %s\n' "$name" "$(node_addr "$name")" "$iface" "$cores" "$link"
     done
     if alive slurmctld "$(ctld_pidfile)" && [[ -r $CONF ]]; then
         echo
@@ -954,13 +974,9 @@ known_node() {
 
 # end_job_processes NODE: kill every process in NODE's network namespace but its slurmd.
 end_job_processes() {
-    local ns keep p killed=()
-    ns="net:[$(stat -L -c %i "/run/netns/$(netns_of "$1")")]"
-    keep=$(pid_of slurmd "$(node_pidfile "$1")" || true)
-    for p in /proc/[0-9]*; do
-        [[ ${p#/proc/} != "$keep" && $(readlink "$p/ns/net" 2>/dev/null || true) == "$ns" ]] &&
-            killed+=("${p#/proc/}")
-    done
+    local killed=()
+    mapfile -t killed < <(pids_in_namespaces "$(pid_of slurmd "$(node_pidfile "$1")" || true)" \
+        "$(net_namespace_ids "$1")")
     if ((${#killed[@]})); then
         kill -KILL "${killed[@]}" 2>/dev/null || true
         log "$1 was DOWN in Slurm: ended its job processes (${killed[*]}), as its reboot would"
@@ -969,7 +985,7 @@ end_job_processes() {
 
 cmd_link() {
     gpu_nodes_configured && ALL_NODES+=("${GPU_NODES[@]}")
-    if [[ $(network_mode) != namespaces || ! -e /run/netns/$(netns_of "${NODES[0]}") ]]; then
+    if [[ $MODE != namespaces || ! -e /run/netns/$(netns_of "${NODES[0]}") ]]; then
         echo "local-slurm: the nodes have no links of their own: start the cluster with 'up' as root where network namespaces can be made" >&2
         exit 2
     fi
