@@ -51,6 +51,7 @@ DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64, 128)
 TOKENS_PER_PARAM = 20
 """Default training length: 20 tokens per parameter (Hoffmann et al., 2022)."""
 DDP_BUCKET_BYTES = 25 << 20  # DistributedDataParallel(bucket_cap_mb=25)
+DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 HOROVOD_FUSION_BYTES = 64 << 20  # HOROVOD_FUSION_THRESHOLD's default
 ADAM_STATE_TENSORS = 2  # exp_avg, exp_avg_sq, each as large as the parameter
 ADAM_STEP_BYTES = 4  # AdamW's `step`: one float32 scalar per parameter tensor
@@ -144,6 +145,10 @@ class Network:
     residuals: tuple = ()
     """(bytes, relative residual) of every probe point, for the table's fit line."""
     notes: tuple = ()
+    library: str = "nccl"
+    """Whose algorithms: "nccl" (rings: factors as nccl-tests gives them) or "gloo", whose
+    reduce-scatter costs a whole all-reduce and whose broadcast sends the message from the
+    root to every other rank (measured on the local cluster: docs/forecast.md)."""
 
     def collective_s(self, op: str, nbytes: float, ranks: int, nodes: int,
                      calls: int = 1) -> float:
@@ -152,12 +157,20 @@ class Network:
         if ranks <= 1 or nbytes <= 0:
             return 0.0
         n = ranks
+        gloo = self.library == "gloo"
+        if gloo and op == "reduce_scatter":
+            op = "all_reduce"
         all_reduce = op == "all_reduce"
         steps = 2 * (n - 1) if all_reduce else n - 1
         inter_steps = 0 if nodes <= 1 else (2 if all_reduce else 1) * (nodes - 1)
-        latency = (steps - inter_steps) * self.intra_lat_s + inter_steps * self.inter_lat_s
         factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n,
                   "reduce_scatter": (n - 1) / n, "broadcast": 1.0}[op]
+        if gloo and op == "broadcast":
+            # The root sends to each rank itself: one step, and one copy of the message over
+            # its link per rank on the other nodes (through memory within its node).
+            steps, inter_steps = 1, int(nodes > 1)
+            factor = n - n // nodes if nodes > 1 else n - 1
+        latency = (steps - inter_steps) * self.intra_lat_s + inter_steps * self.inter_lat_s
         busbw = self.inter_busbw if nodes > 1 else self.intra_busbw
         return calls * latency + nbytes * factor / busbw
 
@@ -239,7 +252,7 @@ def fit_network(probes: list[dict], transport: str) -> Network | None:
                    spread=spread, source=f"{len(mine)} probe(s) over {transport}",
                    max_bytes=max(r[2] for r in all_rows),
                    max_nodes=max(r[1] for r in all_rows), residuals=tuple(residuals),
-                   notes=tuple(notes))
+                   notes=tuple(notes), library="gloo" if transport == "gloo" else "nccl")
 
 
 def network_from_profile(net: NetworkConfig, name: str) -> Network:
@@ -266,30 +279,91 @@ class Model:
     """FSDP units (the blocks and the root)."""
     block_share: float
     """Share of the parameters in the blocks (gathered again for backward under ZeRO-3)."""
+    tensors: int = 0
+    """Parameter tensors (ZeRO-1 broadcasts each on its own); 0: one per unit."""
+
+
+@dataclass(frozen=True)
+class Comm:
+    """Seconds of one optimizer step's collectives, by what compute can hide.
+
+    - overlapped: sent while compute runs (DDP's and Horovod's gradient buckets during backward,
+      FSDP's prefetched gathers and its reduce-scatters behind the next unit's backward);
+    - tail: the part of those no compute can hide, as the schedule leaves nothing to run beside
+      it: the last gradient bucket, ready only when backward ends; FSDP's first gather (before
+      any compute) and its last reduce-scatter (after backward);
+    - serial: outside every compute window: ZeRO-1's parameter broadcast after the optimizer
+      step, and every FSDP collective on a device without streams (CPU), where FSDP2 issues
+      them synchronously (unshard_async_op is False by default), so each blocks its rank.
+    """
+
+    overlapped: float = 0.0
+    tail: float = 0.0
+    serial: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.overlapped + self.tail + self.serial
+
+    def exposed(self, window: float, scale: float = 1.0) -> float:
+        """What the step waits for when `window` seconds of compute can hide the overlapped
+        part (`scale`: the network's figures scaled, for the interval)."""
+        return scale * (self.tail + self.serial) + max(0.0, scale * self.overlapped - window)
+
+
+def _last_bucket(grad_bytes: int, bucket: int, first: int) -> int:
+    """Bytes in the last gradient bucket: DDP fills its first bucket to `first` bytes
+    (torch's 1 MiB first bucket), then buckets of `bucket` bytes, in reverse parameter order;
+    the last one sent holds the first layers and the embedding, ready when backward ends."""
+    if grad_bytes <= first:
+        return grad_bytes
+    rest = (grad_bytes - first) % bucket
+    return rest or bucket
+
+
+def comm_terms(spec: registry.StrategySpec, model: Model, net: Network, nodes: int,
+               ranks_per_node: int, reshard_after_forward: bool = True,
+               streams: bool = True) -> Comm:
+    """One optimizer step's collectives at `nodes` x `ranks_per_node` ranks, as Comm's three
+    terms (`streams`: the device runs collectives beside compute: a GPU, not a CPU)."""
+    n = nodes * ranks_per_node
+    g, p = model.grad_bytes, model.param_gather_bytes
+    if spec.sharding in ("full", "in-node"):
+        group, group_nodes = (n, nodes) if spec.sharding == "full" else (min(n, ranks_per_node), 1)
+        gathers = 1 + (model.block_share if reshard_after_forward else 0.0)
+        gather = net.collective_s("all_gather", p * gathers, group, group_nodes,
+                                  calls=model.units * 2)
+        scatter = net.collective_s("reduce_scatter", g, group, group_nodes, calls=model.units)
+        if spec.sharding == "in-node":  # the shard's replicas all-reduced across nodes
+            scatter += net.collective_s("all_reduce", g / group, nodes, nodes, calls=model.units)
+        if not streams:
+            return Comm(serial=gather + scatter)
+        # The first unit's gather (the root: embeddings; and the first block) and the last
+        # reduce-scatter (the same units' gradients) have no compute beside them.
+        edge = (1 - model.block_share) + model.block_share / max(1, model.units - 1)
+        tail = (net.collective_s("all_gather", p * edge, group, group_nodes, calls=2)
+                + net.collective_s("reduce_scatter", g * edge, group, group_nodes, calls=2))
+        return Comm(overlapped=max(0.0, gather + scatter - tail), tail=tail)
+    bucket = HOROVOD_FUSION_BYTES if spec.transport == "horovod" else DDP_BUCKET_BYTES
+    calls = max(1, math.ceil(g / bucket))
+    reduce = net.collective_s("all_reduce", g, n, nodes, calls=calls)
+    if spec.transport == "horovod":  # what backward produces last waits for the next cycle
+        last = int(g * ((1 - model.block_share) + model.block_share / max(1, model.units - 1)))
+    else:
+        last = _last_bucket(g, bucket, DDP_FIRST_BUCKET_BYTES)
+    tail = min(reduce, net.collective_s("all_reduce", last, n, nodes))
+    serial = 0.0
+    if spec.sharding == "optimizer":
+        # ZeroRedundancyOptimizer.step: each rank updates its partition, then every parameter
+        # is broadcast from its owner, one call per tensor (parameters_as_bucket_view=False).
+        serial = net.collective_s("broadcast", p, n, nodes, calls=model.tensors or model.units)
+    return Comm(overlapped=reduce - tail, tail=tail, serial=serial)
 
 
 def comm_s(spec: registry.StrategySpec, model: Model, net: Network, nodes: int,
            ranks_per_node: int, reshard_after_forward: bool = True) -> float:
     """Seconds of collectives one optimizer step issues, none hidden."""
-    n = nodes * ranks_per_node
-    g, p = model.grad_bytes, model.param_gather_bytes
-    if spec.sharding == "full":
-        gathers = 1 + (model.block_share if reshard_after_forward else 0.0)
-        return (net.collective_s("all_gather", p * gathers, n, nodes, calls=model.units * 2)
-                + net.collective_s("reduce_scatter", g, n, nodes, calls=model.units))
-    if spec.sharding == "in-node":
-        local = min(n, ranks_per_node)
-        gathers = 1 + (model.block_share if reshard_after_forward else 0.0)
-        within = (net.collective_s("all_gather", p * gathers, local, 1, calls=model.units * 2)
-                  + net.collective_s("reduce_scatter", g, local, 1, calls=model.units))
-        return within + net.collective_s("all_reduce", g / local, nodes, nodes,
-                                         calls=model.units)
-    bucket = HOROVOD_FUSION_BYTES if spec.transport == "horovod" else DDP_BUCKET_BYTES
-    calls = max(1, math.ceil(g / bucket))
-    reduce = net.collective_s("all_reduce", g, n, nodes, calls=calls)
-    if spec.sharding == "optimizer":  # each rank broadcasts its updated partition
-        return reduce + net.collective_s("broadcast", p, n, nodes, calls=n) * (n - 1) / n
-    return reduce
+    return comm_terms(spec, model, net, nodes, ranks_per_node, reshard_after_forward).total
 
 
 # ----------------------------------------------------------------------------- campaign inputs
@@ -322,6 +396,9 @@ class Fit:
     state_gb: float | None
     peak_gb: float | None
     memory_measured: str | None
+    device: str = "cuda"
+    """The campaign's device type (its header's `device`): a CPU runs FSDP's collectives
+    synchronously (Comm.serial)."""
     measured: dict = field(default_factory=dict)
     """Measured median tokens/s (with range) per node count, for the table and the plot."""
 
@@ -377,7 +454,7 @@ def model_of(header: dict) -> tuple[Model, list[tuple], bool]:
     fsdp = (train.get("fsdp") or {})
     model = Model(n_params=n_params, grad_bytes=int(grad_bytes),
                   param_gather_bytes=n_params * (2 if mixed else 4), units=n_layer + 1,
-                  block_share=block / n_params)
+                  block_share=block / n_params, tensors=len(shapes))
     return model, shapes, bool(fsdp.get("reshard_after_forward", True))
 
 
@@ -425,7 +502,8 @@ def fits_of(cells, fit_nodes: set[int] | None) -> tuple[list[Fit], list[str]]:
             model=model, shapes=shapes, reshard_after_forward=reshard,
             state_gb=_median([r.state_gb for r in runs]),
             peak_gb=_median([r.peak_mem_gb for r in runs]),
-            memory_measured=runs[0].memory_measured))
+            memory_measured=runs[0].memory_measured,
+            device=str(header.get("device") or "cuda").split(":")[0]))
     return fits, skipped
 
 
@@ -455,6 +533,8 @@ class Prediction:
     measured_range: tuple | None = None
     flags: list[str] = field(default_factory=list)
     why_none: str | None = None
+    terms: dict = field(default_factory=dict)
+    """The step's parts in seconds (Comm's terms, the compute and its window)."""
 
 
 ONE_RUN = "1 run: no interval (repeats give one: hpcdp compare --repeats 3)"
@@ -472,22 +552,25 @@ def window_share(fit: Fit, spec: registry.StrategySpec) -> float:
     return min(max(share, 0.0), 1.0)
 
 
-def split_step(step: float, comm: float, exposed: float | None, share: float
+def split_step(step: float, comm: Comm, exposed: float | None, share: float
                ) -> tuple[float, float]:
-    """(compute, window) of a measured step. Exposed communication measured: compute is the
-    rest, and where some of it was exposed, what was hidden (comm - exposed) is the window.
-    Not measured: the compute c for which c + max(0, comm - share x c) is the step."""
-    if exposed is not None:
-        # Exposed beyond the modelled comm (a CPU's threads competing, a slow collective the
-        # network model does not explain) stays in the step as measured, at every N.
-        explained = min(exposed, comm)
-        compute = max(step - explained, 1e-9)
-        if comm > 0 and exposed > 0:
-            return compute, comm - explained
-        return compute, share * compute
-    if comm <= share * step or share >= 1:
-        return step, share * step
-    compute = max((step - comm) / (1 - share), 0.1 * step)  # comm beyond the window is exposed
+    """(compute, window) of a measured step, such that compute + comm.exposed(window) gives the
+    step back. Exposed communication measured (the gradient all-reduce's: DDP's buckets,
+    Horovod's synchronize) and above zero: the window is what the step hid of the overlapped
+    collectives. Otherwise (FSDP, or all of it hid): the compute c for which
+    c + comm.exposed(share x c) is the step."""
+    if exposed and comm.overlapped + comm.tail > 0:
+        # Some was exposed: the window is what hid. Exposed beyond the modelled collectives (a
+        # CPU's threads competing, a slow collective the model does not explain) stays in the
+        # step as measured, at every N.
+        window = max(0.0, comm.overlapped + comm.tail - exposed)
+        return max(step - comm.exposed(window), 1e-9), window
+    # Not measured, or nothing exposed (all of it hid): the window is the phases' share.
+    base = step - comm.serial - comm.tail
+    if comm.overlapped <= share * base or share >= 1:
+        compute = max(base, 1e-9)
+    else:  # comm beyond the window is exposed
+        compute = max((base - comm.overlapped) / (1 - share), 0.1 * step)
     return compute, share * compute
 
 
@@ -511,25 +594,22 @@ def _scale_compute(fit: Fit, gpus: int, out: Prediction) -> tuple[float, float] 
 
 def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
             tokens: float, measured: dict, billing_per_node_hour: float | None,
-            compute_scale: float = 1.0) -> Prediction:
+            compute_scale: float = 1.0, target_device: str | None = None) -> Prediction:
     spec = registry.get(fit.strategy)
     gpus = nodes * ranks_per_node
     out = Prediction(fit.strategy, fit.precision, nodes, gpus)
     if nodes in measured:  # shown beside the forecast, and where none can be made
         out.measured, out.measured_range = measured[nodes]
-    if spec.max_nodes is not None and nodes > spec.max_nodes:
-        out.why_none = f"{spec.name} runs on {spec.max_nodes} node only: not extrapolated"
+    out.why_none = _why_not(spec, fit, net, nodes, ranks_per_node)
+    if out.why_none:
         return out
-    if spec.sharding == "in-node" and ranks_per_node < spec.min_tasks_per_node:
-        out.why_none = f"needs {spec.min_tasks_per_node}+ ranks per node"
-        return out
-    needs_net = spec.transport != "none" and gpus > 1
-    if needs_net and net is None:
-        out.why_none = f"no network figures for {fit.communication}"
-        return out
+    # Without network figures only where it was measured: its collectives are in its step.
+    needs_net = spec.transport != "none" and gpus > 1 and net is not None
     step_med = 1 / statistics.median(1 / s for s in fit.step_s)  # at the median tokens/s
-    comm_fit = comm_s(spec, fit.model, net, fit.nodes, fit.ranks_per_node,
-                      fit.reshard_after_forward) if net and spec.transport != "none" else 0.0
+    streams = fit.device != "cpu" if target_device is None else target_device != "cpu"
+    comm_fit = comm_terms(spec, fit.model, net, fit.nodes, fit.ranks_per_node,
+                          fit.reshard_after_forward, fit.device != "cpu") \
+        if net and spec.transport != "none" else Comm()
     compute, window = split_step(step_med, comm_fit, fit.exposed_s, window_share(fit, spec))
     spread_lo, spread_hi = min(fit.step_s) / step_med, max(fit.step_s) / step_med
     scaled = _scale_compute(fit, gpus, out)
@@ -537,18 +617,20 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
         return out
     tokens_per_step, scale = scaled
     scale *= compute_scale
-    if not (fit.exposed_s and comm_fit > 0):  # a window not measured moves with compute
+    if fit.exposed_s is None or comm_fit.total == 0:  # a window not measured moves with compute
         window *= scale
     compute *= scale
-    comm = comm_s(spec, fit.model, net, nodes, ranks_per_node,
-                  fit.reshard_after_forward) if needs_net else 0.0
+    comm = comm_terms(spec, fit.model, net, nodes, ranks_per_node, fit.reshard_after_forward,
+                      streams) if needs_net else Comm()
     spread = net.spread if net else 0.0
 
     def step(c_scale: float, n_scale: float) -> float:
-        return compute * c_scale + max(0.0, comm * n_scale - window)
+        return compute * c_scale + comm.exposed(window, n_scale)
 
     out.step_s = step(1, 1)
-    out.compute_s, out.comm_s, out.exposed_s = compute, comm, out.step_s - compute
+    out.compute_s, out.comm_s, out.exposed_s = compute, comm.total, out.step_s - compute
+    out.terms = {"compute_s": compute, "window_s": window, "overlapped_s": comm.overlapped,
+                 "tail_s": comm.tail, "serial_s": comm.serial}
     out.tokens_per_s = tokens_per_step / out.step_s
     out.hours = tokens / out.tokens_per_s / 3600
     if len(fit.step_s) > 1:
@@ -563,12 +645,24 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
         out.billing = billing_per_node_hour * nodes * out.hours
     # Memory: the state as this strategy shards it at N, plus what the campaign measured
     # beyond its state (activations, buffers; the process itself on a CPU).
-    state = state_bytes(spec.sharding, fit.shapes, gpus, ranks_per_node) / 1e9
-    out.state_gb = state
+    out.state_gb = state_bytes(spec.sharding, fit.shapes, gpus, ranks_per_node) / 1e9
     if fit.peak_gb is not None and fit.state_gb is not None:
-        out.memory_gb = state + max(0.0, fit.peak_gb - fit.state_gb)
+        out.memory_gb = out.state_gb + max(0.0, fit.peak_gb - fit.state_gb)
     out.flags += _flags(fit, net if needs_net else None, nodes, measured)
     return out
+
+
+def _why_not(spec: registry.StrategySpec, fit: Fit, net: Network | None, nodes: int,
+             ranks_per_node: int) -> str | None:
+    """Why nothing can be forecast at this shape, or None."""
+    if spec.max_nodes is not None and nodes > spec.max_nodes:
+        return f"{spec.name} runs on {spec.max_nodes} node only: not extrapolated"
+    if spec.sharding == "in-node" and ranks_per_node < spec.min_tasks_per_node:
+        return f"needs {spec.min_tasks_per_node}+ ranks per node"
+    if (spec.transport != "none" and nodes * ranks_per_node > 1 and net is None
+            and (nodes, ranks_per_node) != (fit.nodes, fit.ranks_per_node)):
+        return f"no network figures for {fit.communication}"
+    return None
 
 
 def _flags(fit: Fit, net: Network | None, nodes: int, measured: dict) -> list[str]:
@@ -716,7 +810,9 @@ def make(run_dir: str, *, nodes: list[int] | None = None, fit_nodes: list[int] |
             predictions.append(predict(
                 fit, networks.get(fit.communication), n, rpn, tokens=total_tokens,
                 measured=measured if target is None else {}, billing_per_node_hour=rate,
-                compute_scale=compute_scale.get((fit.strategy, fit.precision), 1.0)))
+                compute_scale=compute_scale.get((fit.strategy, fit.precision), 1.0),
+                target_device=None if target is None else
+                ("cuda" if target.gpus_per_node else "cpu")))
     for p in predictions:
         if gpu_memory and p.memory_gb and p.memory_gb > gpu_memory:
             p.flags.append(f"exceeds {gpu_memory:.0f} GB per GPU")

@@ -63,8 +63,11 @@ CAMPAIGN_STRATEGIES = ["distributed-ps", "horovod", "fsdp", "zero1"]
 def two_node_campaign(slurm_cluster, tmp_path_factory) -> dict:
     """One `hpcdp compare` campaign, shared by test_compare.py and test_forecast_held_out.py
     (one campaign instead of two keeps the suite under its 25 minutes): DDP, Horovod (where
-    installed), fsdp and zero1 on 1 and 2 nodes, 2 repeats of 12 steps, with its network
-    probes. {"job_id", "folder", "strategies", "has_horovod", "partition"}.
+    installed), fsdp and zero1 on 1 and 2 nodes, 2 ranks per node (so that a 1-node cell does
+    its strategy's own communication: the forecast's held-out check), micro-batch 4 (each
+    node's work per step as with 1 rank at the smoke experiment's 8), 2 repeats of 12 steps,
+    with its network probes on 1 and 2 nodes. {"job_id", "folder", "strategies",
+    "has_horovod", "partition"}.
 
     It runs on the gpu partition's two nodes (its CPUs; no GPU is asked for), so that
     scripts/test.sh runs it beside the debug partition's tests: the tests that read it are
@@ -83,6 +86,7 @@ def two_node_campaign(slurm_cluster, tmp_path_factory) -> dict:
     partition = beside_partition()
     settings = [f"matrix.strategies=[{','.join(strategies)}]", "matrix.nodes=[1,2]",
                 "train.steps=12", "train.eval_interval=0", "train.checkpoint_interval=0",
+                "cluster.cpu_ranks_per_node=2", "train.micro_batch_size=4",
                 f"cluster.partition={partition}"]
     done = subprocess.run(
         [sys.executable, "-m", "hpcdp", "compare", "--out", str(tmp / "runs"), "--repeats", "2",

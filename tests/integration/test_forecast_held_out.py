@@ -1,9 +1,9 @@
-"""hpcdp forecast on the local cluster (issue 34): a real campaign of DDP, Horovod, fsdp and
-zero1 on 1 and 2 nodes with its network probes. Fitted on the 1-node cells and the probes only,
-the forecast of the 2-node cells is held against what they measured (an upper bound here, and
-flagged: see the test's docstring); fitted on both, it reproduces them. State per rank is
-forecast from the model's shapes alone and checked against what every cell measured; billing
-against what sacct billed; bad input is one line and exit 2."""
+"""hpcdp forecast on the local cluster: a real campaign of DDP, Horovod, fsdp and zero1 on 1
+and 2 nodes, 2 ranks per node, with its network probes. Fitted on the 1-node cells and the
+probes only, the forecast of the 2-node cells is held against what they measured; fitted on
+both, it reproduces them. State per rank is forecast from the model's shapes alone and checked
+against what every cell measured; billing against what sacct billed; bad input is one line and
+exit 2."""
 
 from __future__ import annotations
 
@@ -35,30 +35,41 @@ def forecast_json(folder: Path, *args: str) -> dict:
     return json.loads(done.stdout)
 
 
-def test_fitted_on_one_node_it_bounds_the_two_node_cells_and_says_why(campaign):
-    """Fitted on the 1-node cells and the probes only. On this cluster that is not the issue's
-    15% (docs/forecast.md gives the figures: +34% to +88% on a quiet machine): a 1-node cell has
-    one rank, which trains without the strategy's own per-step work (FSDP leaves a 1-rank model
-    whole, DDP has no reducer), and the four "nodes" share two cores, so a 2-node cell's ranks
-    and their communication threads compete for the cores one rank had alone (DDP's hook
-    measures its all-reduce at ~20x the probe's time). What the forecast must then do: say that
-    it could not see that work, and give tokens/s that are an upper bound."""
+def test_fitted_on_one_node_it_predicts_the_two_node_cells(campaign):
+    """Issue 45's held-out check, at the cluster's default link: fitted on the 1-node cells
+    (2 ranks each, so each does its strategy's own communication, inside its node) and the
+    probes only, every 2-node prediction of tokens/s is within 15% of the measured median or
+    inside the measured range. Each node has its own core, so a 2-node cell's ranks get what a
+    1-node cell's had. docs/forecast.md gives this check's figures at 1 Gbit/s and 250 Mbit/s.
+
+    The step's parts are in the JSON: on a CPU, FSDP's collectives are serial (FSDP2 issues
+    them synchronously: nothing hides them) and so is ZeRO-1's parameter broadcast."""
     result = forecast_json(campaign, "--fit-nodes", "1", "--nodes", "1,2,4")
     assert {f["nodes"] for f in result["fits"]} == {1}
+    assert {f["ranks_per_node"] for f in result["fits"]} == {2}
     assert set(result["networks"]) >= {"gloo"}  # DDP's transport, fitted on its probes
     two = {p["strategy"]: p for p in result["predictions"] if p["nodes"] == 2}
     assert set(two) >= {"distributed-ps", "fsdp", "zero1"}
-    report = {s: f"predicted {p['tokens_per_s']:.0f}, measured {p['measured']:.0f} "
-                 f"({p['tokens_per_s'] / p['measured'] - 1:+.1%})" for s, p in two.items()}
+    report = {s: f"predicted {p['tokens_per_s']:.0f} [{p['tokens_per_s_low']:.0f}-"
+                 f"{p['tokens_per_s_high']:.0f}], measured {p['measured']:.0f} "
+                 f"[{p['measured_range'][0]:.0f}-{p['measured_range'][1]:.0f}] "
+                 f"({p['tokens_per_s'] / p['measured'] - 1:+.1%}) {p['terms']}"
+              for s, p in two.items()}
     print(report)
-    for p in two.values():
+    for name, p in two.items():
+        low, high = p["measured_range"]
+        within = abs(p["tokens_per_s"] / p["measured"] - 1) <= 0.15
+        assert within or low <= p["tokens_per_s"] <= high, report[name]
         assert p["tokens_per_s_low"] <= p["tokens_per_s"] <= p["tokens_per_s_high"]
-        assert "fitted at 1 rank: the strategy's own per-step work not measured" in p["flags"]
-        # An upper bound: the forecast's interval reaches the measured median (15% for noise).
-        # Its interval, not its point: the cells run one after another while two other pytest
-        # streams load the same two cores, so a cell's repeats differ by up to 30% here (one
-        # run: DDP's 1-node repeats 155 and 201 ms, its point -15.0% of the 2-node median).
-        assert p["tokens_per_s_high"] >= 0.85 * p["measured"], report
+        assert not any(f.startswith("fitted at 1 rank") for f in p["flags"])
+        terms = p["terms"]
+        assert set(terms) == {"compute_s", "window_s", "overlapped_s", "tail_s", "serial_s"}
+        exposed = terms["tail_s"] + terms["serial_s"] + max(0.0, terms["overlapped_s"]
+                                                           - terms["window_s"])
+        assert p["step_s"] == pytest.approx(terms["compute_s"] + exposed)
+    assert two["fsdp"]["terms"]["serial_s"] > 0 and two["fsdp"]["terms"]["overlapped_s"] == 0
+    assert two["zero1"]["terms"]["serial_s"] > 0  # its broadcast after the optimizer step
+    assert two["distributed-ps"]["terms"]["serial_s"] == 0
     one = [p for p in result["predictions"] if p["nodes"] == 1]
     for p in one:  # the cells it was fitted on: their own medians back
         assert p["tokens_per_s"] == pytest.approx(p["measured"], rel=0.02), p
@@ -107,27 +118,27 @@ def test_the_table_names_what_it_is_and_the_plot_is_written(campaign, tmp_path):
 def test_one_run_without_probes_shows_what_it_can_and_no_false_interval(campaign, tmp_path):
     """Pointed at one run of the campaign (one repeat, no network probe beside it), as a user
     does after `hpcdp submit`: one run shows no spread, so no interval of zero width; the node
-    count it ran on shows what it measured, though nothing can be forecast there without
-    network figures; the node counts where nothing is forecast are one line, not a table of
-    dashes each."""
+    count it ran on gives its own measurement back (its collectives are in its step), though
+    nothing can be forecast elsewhere without network figures; the node counts where nothing
+    is forecast are one line, not a table of dashes each."""
     cells = json.loads((campaign / "campaign.json").read_text())["cells"]
     run = next(Path(c["run_dir"]) for c in cells
                if (c["strategy"], c["nodes"], c["repeat"]) == ("distributed-ps", 2, 1))
     result = forecast_json(run, "--nodes", "1,2,4,8")
     by_nodes = {p["nodes"]: p for p in result["predictions"]}
     one, two = by_nodes[1], by_nodes[2]
-    assert one["tokens_per_s"] > 0 and one["tokens_per_s_low"] is None
-    assert one["hours_low"] is None
-    assert any(f.startswith("1 run: no interval") for f in one["flags"]), one
-    assert two["tokens_per_s"] is None and two["measured"] > 0, two
-    assert "no network figures" in two["why_none"]
+    assert two["tokens_per_s"] == pytest.approx(two["measured"], rel=0.01), two
+    assert two["tokens_per_s_low"] is None and two["hours_low"] is None
+    assert any(f.startswith("1 run: no interval") for f in two["flags"]), two
+    assert one["tokens_per_s"] is None and one["measured"] is None, one
+    assert "no network figures" in one["why_none"]
     assert any("no network probe in this folder" in n for n in result["notes"])
     done = hpcdp("forecast", str(run), "--nodes", "1,2,4,8", "--out", str(tmp_path / "fc"),
                  cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert re.search(r"not forecast: no network figures for gloo; measured \S+", done.stdout)
-    assert not re.search(r"^(4|8) node\(s\):", done.stdout, re.M)  # no table of dashes
-    assert re.search(r"^not forecast at 4, 8 node\(s\): distributed-ps fp32: no network",
+    assert re.search(r"^2 node\(s\):", done.stdout, re.M), done.stdout
+    assert not re.search(r"^(1|4|8) node\(s\):", done.stdout, re.M)  # no table of dashes
+    assert re.search(r"^not forecast at 1, 4, 8 node\(s\): distributed-ps fp32: no network",
                      done.stdout, re.M), done.stdout
     assert (tmp_path / "fc" / "forecast.png").stat().st_size > 10_000  # a plot without bands
 

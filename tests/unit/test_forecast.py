@@ -27,6 +27,62 @@ def test_collective_costs_follow_nccl_tests_factors_and_ring_steps():
     assert NET.collective_s("all_reduce", 1e9, 1, 1) == 0.0
 
 
+def test_gloo_costs_a_reduce_scatter_as_an_all_reduce_and_broadcasts_from_the_root():
+    """What the local cluster measured (docs/forecast.md): gloo's reduce-scatter took an
+    all-reduce's time, its all-gather a ring's, and its broadcast one copy per rank beyond the
+    root's node, in one step."""
+    gloo = forecast.Network(intra_lat_s=2e-6, intra_busbw=100e9, inter_lat_s=10e-6,
+                            inter_busbw=20e9, library="gloo")
+    assert gloo.collective_s("reduce_scatter", 1e9, 4, 2) == NET.collective_s("all_reduce", 1e9,
+                                                                              4, 2)
+    assert gloo.collective_s("all_gather", 1e9, 4, 2) == NET.collective_s("all_gather", 1e9, 4, 2)
+    # 2 nodes x 2: the root's node sends 2 copies over its link, one step of latency
+    assert gloo.collective_s("broadcast", 1e9, 4, 2) == pytest.approx(10e-6 + 2 * 1e9 / 20e9)
+    assert NET.collective_s("broadcast", 1e9, 4, 2) < gloo.collective_s("broadcast", 1e9, 4, 2)
+
+
+TINY = forecast.Model(n_params=446_000, grad_bytes=1_784_000, param_gather_bytes=1_784_000,
+                      units=3, block_share=0.7, tensors=28)
+
+
+def test_the_step_parts_each_strategy_leaves_exposed():
+    """Comm's three terms: DDP's last bucket is its tail and nothing is serial; FSDP on a GPU
+    has its first gather and last reduce-scatter as tail, on a CPU every collective serial;
+    ZeRO-1's broadcast (one call per tensor) is serial; one rank sends nothing."""
+    from hpcdp import strategies
+
+    ddp, fsdp, zero1 = (strategies.get(s) for s in ("distributed-ps", "fsdp", "zero1"))
+    d = forecast.comm_terms(ddp, TINY, NET, 2, 2)
+    assert d.serial == 0 and 0 < d.tail < d.total
+    # 1,784,000 bytes: a first bucket of 1 MiB, then the rest (a last bucket of 735,424)
+    assert d.tail == pytest.approx(NET.collective_s("all_reduce", 1_784_000 - (1 << 20), 4, 2))
+    assert d.total == pytest.approx(NET.collective_s("all_reduce", 1_784_000, 4, 2))
+    big = forecast.Model(**{**TINY.__dict__, "grad_bytes": 500 << 20})
+    assert forecast._last_bucket(big.grad_bytes, 25 << 20, 1 << 20) == 24 << 20
+    on_gpu = forecast.comm_terms(fsdp, TINY, NET, 2, 2, streams=True)
+    on_cpu = forecast.comm_terms(fsdp, TINY, NET, 2, 2, streams=False)
+    assert on_gpu.serial == 0 and on_gpu.tail > 0 and on_gpu.overlapped > 0
+    assert on_cpu.serial == pytest.approx(on_gpu.total) and on_cpu.overlapped == on_cpu.tail == 0
+    z = forecast.comm_terms(zero1, TINY, NET, 2, 2)
+    assert z.serial == pytest.approx(NET.collective_s("broadcast", 1_784_000, 4, 2, calls=28))
+    assert forecast.comm_terms(ddp, TINY, NET, 1, 1).total == 0
+    # exposed: tail and serial always, the overlapped part beyond the window
+    c = forecast.Comm(overlapped=3.0, tail=1.0, serial=2.0)
+    assert (c.exposed(0.0), c.exposed(2.0), c.exposed(5.0)) == (6.0, 4.0, 3.0)
+    assert c.exposed(5.0, scale=2.0) == 6.0 + 1.0
+
+
+def test_a_fitted_step_gives_itself_back():
+    """split_step then Comm.exposed at the same shape is the measured step, whether the
+    exposed communication was measured (DDP) or not (FSDP)."""
+    comm = forecast.Comm(overlapped=0.02, tail=0.01, serial=0.005)
+    for exposed in (None, 0.0, 0.004, 0.02, 0.5):
+        compute, window = forecast.split_step(0.2, comm, exposed, 2 / 3)
+        assert compute + comm.exposed(window) == pytest.approx(0.2), exposed
+    compute, window = forecast.split_step(0.2, comm, 0.02, 2 / 3)
+    assert window == pytest.approx(0.01)  # 0.03 could hide, 0.02 was measured exposed
+
+
 def test_the_probe_fit_recovers_latency_and_bandwidth():
     # a synthetic 2-rank probe on 2 nodes: t = 2 steps x 50 us + bytes x 1 / 2 GB/s, +-1%
     sweep = [{"bytes": b, "median_s": (100e-6 + b / 2e9) * (1.01 if i % 2 else 0.99)}
