@@ -688,6 +688,8 @@ def cmd_forecast(args) -> int:
     _fallback_slurm_env()
     result = forecast.make(args.run_dir, nodes=nodes, fit_nodes=fit_nodes, target=target,
                            tokens=tokens, query_slurm=not args.no_slurm)
+    for line in forecast.network_warnings(target) if target else []:  # in its notes too
+        print(f"hpcdp: warning: {line}", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(forecast.as_json(result), indent=2))
     else:

@@ -35,8 +35,10 @@ class NetworkConfig:
     latencies per ring step as NCCL's tuning model counts them. Unset (0): not known."""
 
     inter_node_busbw_gbps: float = 0.0
-    """Bus bandwidth between nodes per GPU, GB/s (an nccl-tests all_reduce_perf busbw at a large
-    size on 2+ nodes; 400 Gb/s InfiniBand per GPU reaches about 40-48)."""
+    """Bus bandwidth over 2+ nodes, GB/s: the busbw nccl-tests' all_reduce_perf prints at a
+    large size on 2 or more whole nodes (every GPU of each). NCCL rings through every NIC, so
+    on nodes with a NIC per GPU it is about the NICs' sum, not one NIC's rate: 331 on 4 x 8
+    H100 with 8 x 400 Gb/s InfiniBand each (experiments/forecast-published.yaml)."""
     intra_node_busbw_gbps: float = 0.0
     """Bus bandwidth within a node, GB/s (all_reduce_perf on one node: NVLink H100 ~ 360-480)."""
     inter_node_latency_us: float = 0.0
@@ -45,10 +47,14 @@ class NetworkConfig:
     """Latency of one ring step within a node, microseconds (NVLink: ~1-3)."""
     gpus_per_node: int = 0
     """GPUs per node the figures were taken with; 0: the profile's gpus_per_node."""
+    nic_gbit: float = 0.0
+    """Line rate of one of a node's NICs, Gb/s; 0: the usual for the profile's gpu_type (400
+    for H100 and H200 nodes, 200 for A100, 100 for V100). Only for the warning when the
+    inter-node figure is below it."""
 
     def __post_init__(self) -> None:
         for name in ("inter_node_busbw_gbps", "intra_node_busbw_gbps", "inter_node_latency_us",
-                     "intra_node_latency_us"):
+                     "intra_node_latency_us", "nic_gbit"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
                 raise UsageError(f"cluster.network.{name} {value!r} must be a number of 0 or "

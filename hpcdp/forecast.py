@@ -255,6 +255,25 @@ def fit_network(probes: list[dict], transport: str) -> Network | None:
                    notes=tuple(notes), library="gloo" if transport == "gloo" else "nccl")
 
 
+def network_warnings(profile: ClusterProfile) -> list[str]:
+    """The likely mistake in a profile's network figures: an inter-node bus bandwidth below one
+    NIC's line rate on a multi-GPU node is one NIC's rate (or a per-GPU figure), where nccl-tests
+    over 2+ such nodes reports about the NICs' sum. One line each."""
+    from hpcdp import peaks
+
+    net = profile.network
+    gpus = net.gpus_per_node or profile.gpus_per_node
+    nic = net.nic_gbit or peaks.node_nic_gbit(profile.gpu_type or "")
+    if gpus < 2 or not nic or not 0 < net.inter_node_busbw_gbps < nic / 8:
+        return []
+    return [f"cluster profile {profile.name!r}: network.inter_node_busbw_gbps "
+            f"{net.inter_node_busbw_gbps:g} is below one {nic:g} Gb/s NIC's line rate "
+            f"({nic / 8:g} GB/s) on nodes of {gpus} GPUs: likely one NIC's rate, not the bus "
+            "bandwidth; give the busbw all_reduce_perf prints on 2+ whole nodes (about the NICs' "
+            "sum: 331 on 4 x 8 H100 with 8 x 400 Gb/s), or set network.nic_gbit if each node's "
+            "NICs are slower (docs/forecast.md#feeding-it-another-cluster)"]
+
+
 def network_from_profile(net: NetworkConfig, name: str) -> Network:
     """The target profile's `network:` figures (docs/forecast.md says where to find them)."""
     return Network(intra_lat_s=net.intra_node_latency_us * 1e-6,
@@ -794,6 +813,7 @@ def make(run_dir: str, *, nodes: list[int] | None = None, fit_nodes: list[int] |
     gpu_memory = None
     compute_scale: dict[tuple, float] = {}
     if target is not None:
+        notes += network_warnings(target)
         ranks_per_node = target.network.gpus_per_node or target.gpus_per_node or None
         gpu_memory = peaks.device_memory_gb(target.gpu_type or "")
         compute_scale = _rescale_to(target, fits, cells, notes)

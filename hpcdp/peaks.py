@@ -55,3 +55,14 @@ def device_memory_gb(device_name: str) -> float | None:
         return None
     small, large = DEVICE_MEMORY_GB[key]
     return large if str(int(large)) in device_name else small
+
+
+# The line rate of each NIC on the usual node of each GPU (NVIDIA DGX H100/H200: 8 x 400 Gb/s
+# ConnectX-7; DGX A100: 8 x 200 Gb/s HDR; DGX-2 V100: 100 Gb/s EDR), for the warning when a
+# profile's inter-node bus bandwidth is below even one of them (docs/forecast.md).
+NODE_NIC_GBIT: dict[str, float] = {"H200": 400.0, "H100": 400.0, "A100": 200.0, "V100": 100.0}
+
+
+def node_nic_gbit(device_name: str) -> float | None:
+    key = known_gpu(device_name or "")
+    return NODE_NIC_GBIT[key] if key else None

@@ -143,6 +143,23 @@ def test_one_run_without_probes_shows_what_it_can_and_no_false_interval(campaign
     assert (tmp_path / "fc" / "forecast.png").stat().st_size > 10_000  # a plot without bands
 
 
+def test_a_profile_giving_one_nics_rate_is_warned_once_and_still_forecast(campaign, tmp_path):
+    profile = tmp_path / "big.yaml"
+    profile.write_text("name: big\ngpus_per_node: 8\ngpu_type: h100\nnetwork:\n"
+                       "  intra_node_busbw_gbps: 370\n  inter_node_busbw_gbps: 47\n")
+    done = hpcdp("forecast", str(campaign), "--cluster", str(profile), "--nodes", "1,16",
+                 "--format", "json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (warning,) = done.stderr.splitlines()
+    assert warning.startswith("hpcdp: warning: cluster profile 'big': network."
+                              "inter_node_busbw_gbps 47 is below one 400 Gb/s NIC's"), warning
+    assert any("below one 400 Gb/s NIC" in n for n in json.loads(done.stdout)["notes"])
+    profile.write_text(profile.read_text().replace(": 47", ": 331"))
+    done = hpcdp("forecast", str(campaign), "--cluster", str(profile), "--nodes", "1,16",
+                 cwd=tmp_path)
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+
+
 def test_bad_input_is_one_line(campaign, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

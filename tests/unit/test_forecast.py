@@ -126,6 +126,28 @@ def test_node_counts_parse_and_bad_ones_are_named():
         forecast.parse_nodes("1,64-1")
 
 
+def test_an_inter_node_figure_below_one_nic_is_named_as_the_likely_mistake():
+    """47 GB/s on nodes of 8 H100 is one 400 Gb/s NIC's rate, where all_reduce_perf over 2+
+    such nodes prints about the NICs' sum; 331 is not warned, nor 47 where the profile says its
+    NICs are 100 Gb/s, nor a 1-GPU node, nor a GPU whose usual NIC is unknown."""
+    from hpcdp.config import ClusterProfile, build
+
+    def profile(gpus=8, gpu_type="h100", **network):
+        net = {"intra_node_busbw_gbps": 370, "inter_node_busbw_gbps": 47, **network}
+        return build(ClusterProfile, {"name": "big", "gpus_per_node": gpus,
+                                      "gpu_type": gpu_type, "network": net}, "cluster")
+
+    (line,) = forecast.network_warnings(profile())
+    assert "inter_node_busbw_gbps 47 is below one 400 Gb/s NIC's line rate (50 GB/s)" in line
+    assert "on nodes of 8 GPUs" in line and "\n" not in line
+    (a100,) = forecast.network_warnings(profile(gpu_type="a100", inter_node_busbw_gbps=20))
+    assert "below one 200 Gb/s NIC's line rate (25 GB/s)" in a100
+    assert forecast.network_warnings(profile(inter_node_busbw_gbps=331)) == []
+    assert forecast.network_warnings(profile(nic_gbit=100)) == []
+    assert forecast.network_warnings(profile(gpus=1)) == []
+    assert forecast.network_warnings(profile(gpu_type="mi300x")) == []
+
+
 def test_the_model_reproduces_published_scaling_within_its_tolerance():
     checks = forecast.published_checks()
     torchtitan = [c for c in checks if c["case"].startswith("torchtitan")]
