@@ -1033,12 +1033,49 @@ def render_text(fc: Forecast, markdown: bool = False) -> str:
         else:
             lines.append("  ".join(h.ljust(w) for h, w in zip(HEADERS, widths)).rstrip())
             lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+        said = ranking_line(ranking(fc, n))
+        if said:
+            lines.append(said)
     if empty:  # one line for the node counts where nothing could be forecast
         why = sorted({f"{p.strategy} {p.precision}: {p.why_none}" for p in fc.predictions
                       if p.nodes in empty})
         lines += ["", f"not forecast at {', '.join(map(str, empty))} node(s): "
                   + "; ".join(why)]
     return "\n".join(lines) + "\n"
+
+
+def ranking(fc: Forecast, n: int) -> dict:
+    """At `n` nodes, in the verdict's manner: one forecast is "predicted ahead of" another only
+    where their intervals do not overlap; otherwise they "can't tell apart" (one run gives no
+    interval: nothing is ranked on a point alone). A strategy whose memory per rank exceeds the
+    target's GPU does not fit, and memory decides, not speed."""
+    shown = sorted((p for p in fc.predictions if p.nodes == n and p.tokens_per_s),
+                   key=lambda p: -p.tokens_per_s)
+    too_big = {f"{p.strategy} {p.precision}": next(f for f in p.flags if f.startswith("exceeds"))
+               for p in shown if any(f.startswith("exceeds") for f in p.flags)}
+    fitting = [p for p in shown if f"{p.strategy} {p.precision}" not in too_big]
+    ahead: dict[str, list[str]] = {}
+    tied: list[list[str]] = []
+    for i, a in enumerate(fitting):
+        for b in fitting[i + 1:]:
+            pair = [f"{a.strategy} {a.precision}", f"{b.strategy} {b.precision}"]
+            if (a.tokens_per_s_low is not None and b.tokens_per_s_high is not None
+                    and a.tokens_per_s_low > b.tokens_per_s_high):
+                ahead.setdefault(pair[0], []).append(pair[1])
+            else:
+                tied.append(pair)
+    return {"nodes": n, "ahead_of": ahead, "cannot_tell_apart": tied, "does_not_fit": too_big}
+
+
+def ranking_line(rank: dict) -> str | None:
+    """The ranking in one line, or None where fewer than two strategies were forecast."""
+    parts = [f"{a} predicted ahead of {', '.join(bs)}" for a, bs in rank["ahead_of"].items()]
+    if rank["cannot_tell_apart"]:
+        parts.append(f"can't tell apart at {rank['nodes']}: "
+                     + ", ".join(f"{a} and {b}" for a, b in rank["cannot_tell_apart"]))
+    parts += [f"{name} does not fit ({why}): memory decides"
+              for name, why in rank["does_not_fit"].items()]
+    return "ranking: " + "; ".join(parts) if parts else None
 
 
 def as_json(fc: Forecast) -> dict:
@@ -1052,6 +1089,7 @@ def as_json(fc: Forecast) -> dict:
         "fits": [{k: v for k, v in dataclasses.asdict(f).items() if k not in ("shapes",)}
                  for f in fc.fits],
         "predictions": [dataclasses.asdict(p) for p in fc.predictions],
+        "ranking": [ranking(fc, n) for n in fc.nodes],
     }
 
 

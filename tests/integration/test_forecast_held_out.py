@@ -67,6 +67,17 @@ def test_fitted_on_one_node_it_predicts_the_two_node_cells(campaign):
         exposed = terms["tail_s"] + terms["serial_s"] + max(0.0, terms["overlapped_s"]
                                                            - terms["window_s"])
         assert p["step_s"] == pytest.approx(terms["compute_s"] + exposed)
+    # The ranking at 2 nodes: overlapping intervals can't be told apart, the others are ahead
+    rank = next(r for r in result["ranking"] if r["nodes"] == 2)
+    for a in two.values():
+        for b in two.values():
+            if a["tokens_per_s"] <= b["tokens_per_s"]:
+                continue
+            pair = [f"{a['strategy']} fp32", f"{b['strategy']} fp32"]
+            if a["tokens_per_s_low"] > b["tokens_per_s_high"]:
+                assert pair[1] in rank["ahead_of"][pair[0]], rank
+            else:
+                assert pair in rank["cannot_tell_apart"], rank
     assert two["fsdp"]["terms"]["serial_s"] > 0 and two["fsdp"]["terms"]["overlapped_s"] == 0
     assert two["zero1"]["terms"]["serial_s"] > 0  # its broadcast after the optimizer step
     assert two["distributed-ps"]["terms"]["serial_s"] == 0

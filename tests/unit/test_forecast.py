@@ -148,6 +148,32 @@ def test_an_inter_node_figure_below_one_nic_is_named_as_the_likely_mistake():
     assert forecast.network_warnings(profile(gpu_type="mi300x")) == []
 
 
+def test_the_ranking_calls_ahead_only_where_intervals_are_apart_and_memory_decides():
+    def pred(strategy, value, low, high, flags=()):
+        return forecast.Prediction(strategy, "bf16", 4, 32, tokens_per_s=value,
+                                   tokens_per_s_low=low, tokens_per_s_high=high, step_s=1.0,
+                                   exposed_s=0.0, hours=1.0, gpu_hours=32.0, flags=list(flags))
+
+    fc = forecast.Forecast(source="x", nodes=[4], tokens=1e9, tokens_default=False, fits=[],
+                           networks={}, notes=[], predictions=[
+                               pred("fsdp", 100.0, 95.0, 105.0),
+                               pred("distributed-ps", 103.0, 99.0, 108.0),   # overlaps fsdp
+                               pred("zero1", 80.0, 75.0, 90.0),              # below both
+                               pred("hsdp", 120.0, None, None),              # one run
+                               pred("horovod", 130.0, 125.0, 135.0,
+                                    ["exceeds 80 GB per GPU"])])
+    rank = forecast.ranking(fc, 4)
+    assert rank["ahead_of"] == {"distributed-ps bf16": ["zero1 bf16"], "fsdp bf16": ["zero1 bf16"]}
+    assert ["distributed-ps bf16", "fsdp bf16"] in rank["cannot_tell_apart"]
+    assert ["hsdp bf16", "zero1 bf16"] in rank["cannot_tell_apart"]  # no interval: no call
+    assert rank["does_not_fit"] == {"horovod bf16": "exceeds 80 GB per GPU"}
+    line = forecast.ranking_line(rank)
+    assert line.startswith("ranking: distributed-ps bf16 predicted ahead of zero1 bf16; ")
+    assert "can't tell apart at 4: hsdp bf16 and distributed-ps bf16" in line
+    assert line.endswith("horovod bf16 does not fit (exceeds 80 GB per GPU): memory decides")
+    assert line in forecast.render_text(fc) and forecast.as_json(fc)["ranking"] == [rank]
+
+
 def test_the_model_reproduces_published_scaling_within_its_tolerance():
     checks = forecast.published_checks()
     torchtitan = [c for c in checks if c["case"].startswith("torchtitan")]
