@@ -217,7 +217,8 @@ def collect(paths: list[Path], target_loss: float | None = None, *, query_slurm:
     repeats.attach_baseline(cells, baseline)
     campaigns = {c.source: campaign_record(c.source) for c in cells if c.source}
     return Harvest(runs=results, target_loss=used_target, accounting=accounting, cells=cells,
-                   baseline=baseline, campaigns=campaigns, verdicts=repeats.verdicts(cells))
+                   baseline=baseline, campaigns=campaigns,
+                   verdicts=repeats.verdicts(cells, repeats.network_changes(baseline)))
 
 
 def harvest(paths: list[Path], target_loss: float | None = None, *, query_slurm: bool = True,

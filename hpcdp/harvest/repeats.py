@@ -315,9 +315,42 @@ def _verdict_units(cells: list[Cell]) -> list[tuple[int, int | None, list[Cell]]
     return [(g, n, [c for c in cells if (c.group, c.nodes) == (g, n)]) for g, n in keys]
 
 
-def verdicts(cells: list[Cell]) -> list[dict]:
+NETWORK_DRIFT = 0.3
+"""A multi-node probe whose bus bandwidth at its largest size moved more than this between a
+campaign's start and its end: the network changed under the campaign (a link slowed, another
+job's traffic), and its multi-node cells ran on different networks. Above the noise of a link
+that did not change (0-5% on the local cluster's shaped links, up to 25% on its unshaped
+loopback); a link slowed to a quarter moves it -75%."""
+
+
+def network_changes(baseline: list[dict]) -> dict[str, str]:
+    """Campaign -> how its network changed, where a multi-node probe drifted beyond
+    NETWORK_DRIFT from its start to its end."""
+    pairs: dict[tuple, dict] = {}
+    for b in baseline:
+        if int(b.get("nodes") or 1) > 1:
+            key = (str(b.get("campaign") or ""), str(b.get("communication")), b.get("nodes"),
+                   b.get("world_size"))
+            pairs.setdefault(key, {})[b.get("when") or "start"] = b
+    changed: dict[str, str] = {}
+    for (campaign, communication, nodes, _), pair in sorted(pairs.items(), key=str):
+        if "start" not in pair or "end" not in pair or not _sweep(pair["start"]):
+            continue
+        start = _sweep(pair["start"])[-1]
+        end = next((e for e in _sweep(pair["end"]) if e["bytes"] == start["bytes"]), None)
+        drift = end["busbw_GBps"] / start["busbw_GBps"] - 1 if end else 0.0
+        if abs(drift) > NETWORK_DRIFT and campaign not in changed:
+            changed[campaign] = (f"the network changed during the campaign: {communication} "
+                                 f"busbw on {nodes} nodes {drift:+.0%} at its end against its "
+                                 "start")
+    return changed
+
+
+def verdicts(cells: list[Cell], network: dict[str, str] | None = None) -> list[dict]:
     """Per comparison group (one source) and node count: stats.decide over its cells, one
-    decision per set of conditions, and a refusal line where the cells differ in them."""
+    decision per set of conditions, and a refusal line where the cells differ in them.
+    network: network_changes(baseline); a campaign whose network changed gets no call across
+    nodes (its cells ran on different networks, in the order they ran)."""
     out = []
     for _group, nodes, same in _verdict_units(cells):
         first = same[0]
@@ -341,10 +374,18 @@ def verdicts(cells: list[Cell]) -> list[dict]:
                              excluded={c.name: c.loss_failure for c in group if c.loss_failure},
                              unsettled={c.name: _unsettled_summary(c) for c in group
                                         if c.unsettled})
-            _mark(group, v)
+            outcome, text = v.outcome, v.text
+            changed = (network or {}).get(first.source) if (nodes or 1) > 1 else None
+            if changed:  # no cell wins on the network it happened to run on
+                outcome = "undecided" if v.outcome in ("faster", "equivalent") else v.outcome
+                text = f"no call on {nodes} node(s): {changed}; as measured: {v.text}"
+                for cell in group:
+                    cell.vs_fastest = "no call: network changed"
+            else:
+                _mark(group, v)
             trades = memory_trades(group, v.fastest)
-            text = v.text + (f"; memory: {'; '.join(trades)}" if trades else "")
-            out.append({**base, "outcome": v.outcome, "fastest": v.fastest,
+            text += f"; memory: {'; '.join(trades)}" if trades else ""
+            out.append({**base, "outcome": outcome, "fastest": v.fastest,
                         "conditions": dict(zip(CONDITIONS, conditions)),
                         "needed_repeats": v.needed_repeats, "text": text,
                         "memory_trades": trades,

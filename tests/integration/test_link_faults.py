@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -144,3 +145,64 @@ def test_a_node_slurm_declares_failed_is_named_and_the_requeued_job_resumes(
     for strategy, (job_id, _) in jobs.items():
         assert rows[job_id]["requeued"].startswith(
             f"requeued x1: {cut[strategy]} stopped responding (Slurm: NODE_FAIL)"), rows[job_id]
+
+
+SLOW_STEPS, SLOW_AT = 20, 14  # in the second half of the run's steady steps
+
+
+def _job_nodes(job_id: str) -> list[str]:
+    from hpcdp.hostlist import expand_hostlist
+
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                           text=True).stdout
+    found = [w.split("=", 1)[1] for w in shown.split() if w.startswith("NodeList=")]
+    return expand_hostlist(found[0]) if found and found[0] != "(null)" else []
+
+
+def test_a_link_slowed_mid_campaign_shows_in_its_drift_and_the_verdict_calls_no_winner(
+        slurm_cluster, tmp_path):
+    """A campaign of DDP in fp32 and bf16 on 2 nodes (one transport: one probe at the start,
+    one at the end); late in its first cell, its nodes' links go from the default rate to a
+    quarter of it. The probes' drift shows it, the run it happened under is unsettled (its
+    second half slower than its first), and the verdict on 2 nodes names the change and calls
+    no winner: which cell ran before the change is the campaign's order, not the strategy."""
+    if cluster.network_mode() != "namespaces":
+        pytest.skip("the cluster runs without its node network here: no link to slow")
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcdp", "compare", "--out", str(tmp_path / "runs"),
+         "--repeats", "2", *sets("matrix.strategies=[distributed-ps,distributed-ps-apex]",
+                                 "matrix.nodes=[2]", f"train.steps={SLOW_STEPS}",
+                                 "train.log_interval=1",
+                                 "train.eval_interval=0", "train.checkpoint_interval=0")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = re.search(r"submitted job (\d+)", done.stdout).group(1)
+    folder = Path(re.search(r"run:\s+(\S.*)", done.stdout).group(1).strip())
+    slowed: list[str] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not slowed:
+            firsts = [r for r in folder.glob("*-2n/repeat-1") if any(
+                x["kind"] == "step" and x["step"] >= SLOW_AT for x in records(r))]
+            if firsts:
+                slowed = _job_nodes(job_id)
+                assert len(slowed) == 2 and cluster.set_link_rate("250mbit", slowed) == 0
+            assert time.monotonic() < deadline, f"no cell reached step {SLOW_AT}"
+            time.sleep(0.2)
+        infos = wait_all([job_id], timeout_s=400)
+    except BaseException:
+        subprocess.run(["scancel", job_id])
+        raise
+    finally:
+        if slowed:
+            cluster.set_link_rate("default", slowed)
+    assert infos[job_id].state == "COMPLETED", infos[job_id]
+    shown = subprocess.run([sys.executable, "-m", "hpcdp", "harvest", str(folder), "--format",
+                            "json"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    result = json.loads(shown.stdout)
+    (verdict,) = [v for v in result["verdict"] if v["nodes"] == 2]
+    assert verdict["outcome"] not in ("faster", "equivalent"), verdict
+    assert re.match(r"no call on 2 node\(s\): the network changed during the campaign: gloo "
+                    r"busbw on 2 nodes -\d+% at its end", verdict["text"]), verdict["text"]
+    assert any(c["unsettled_runs"] for c in result["cells"]), result["cells"]

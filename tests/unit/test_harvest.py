@@ -259,6 +259,45 @@ def matrix(tmp_path) -> Path:
     return tmp_path / "runs"
 
 
+def _two_node_probe(folder: Path, busbw: float) -> None:
+    """HAND-WRITTEN allreduce.json of a 2-node gloo probe (hpcdp compare's baseline)."""
+    folder.mkdir(parents=True)
+    nbytes = 4 << 20
+    seconds = nbytes * 2 * (2 - 1) / 2 / (busbw * 1e9)
+    (folder / "allreduce.json").write_text(json.dumps({
+        "communication": "gloo", "nodes": 2, "world_size": 2, "median_s": seconds,
+        "sweep": [{"bytes": nbytes, "median_s": seconds, "algbw_GBps": busbw,
+                   "busbw_GBps": busbw}]}))
+
+
+@pytest.mark.parametrize("end_busbw, changed", [(0.108, False), (0.029, True)])
+def test_a_network_that_changed_during_a_campaign_gets_no_call_across_nodes(
+        tmp_path, end_busbw, changed):
+    """Its 2-node probe at 0.11 GB/s at the start and 0.029 at the end (a link slowed to a
+    quarter, as `hpcdp cluster link --rate` does): the cells ran on two networks, so the
+    verdict across nodes names the change and calls no winner, where the same runs with a
+    steady network are called. tests/integration/test_cluster.py slows a real link."""
+    campaign = tmp_path / "campaign"
+    campaign.mkdir()
+    (campaign / "campaign.json").write_text(json.dumps({"cells": []}))
+    for k in range(1, 7):
+        simple_run(campaign / "distributed-ps-2n" / f"repeat-{k}", "distributed-ps", 2, 2,
+                   tps=3000.0 + 10 * k)
+        simple_run(campaign / "horovod-2n" / f"repeat-{k}", "horovod", 2, 2, tps=2000.0 + 10 * k)
+    _two_node_probe(campaign / "baseline" / "distributed-ps-2n", 0.11)
+    _two_node_probe(campaign / "baseline-end" / "distributed-ps-2n", end_busbw)
+    result = harvest.collect([campaign], query_slurm=False)
+    (verdict,) = [v for v in result.verdicts if v["nodes"] == 2]
+    if changed:
+        assert verdict["outcome"] == "undecided", verdict
+        assert verdict["text"].startswith(
+            "no call on 2 node(s): the network changed during the campaign: gloo busbw on 2 "
+            "nodes -74% at its end against its start; as measured: "), verdict["text"]
+        assert {c.vs_fastest for c in result.cells} == {"no call: network changed"}
+    else:
+        assert verdict["outcome"] == "faster" and "network" not in verdict["text"], verdict
+
+
 def test_speedup_and_both_efficiencies(matrix):
     rows = {(r.strategy, r.nodes): r for r in harvest.harvest([matrix], query_slurm=False)}
     assert [k for k in rows] == [("single-gpu", 1), ("distributed-ps", 1), ("distributed-ps", 2),
