@@ -190,7 +190,7 @@ def _check_horovod(jobs, profile: config.ClusterProfile, controller: str | None 
 
 
 def _warn_memory(jobs, profile: config.ClusterProfile, experiment: config.Experiment) -> None:
-    """Say before queuing which cells cannot fit their GPUs' memory (hpcdp/forecast.py)."""
+    """Say before queuing which cells cannot fit their GPUs' memory (hpcdp/forecast/memory.py)."""
     from hpcdp import forecast
 
     for line in forecast.memory_warnings(jobs, profile, experiment):

@@ -137,20 +137,24 @@ def sketch(partition: str | None, name: str | None = None) -> str:
         "network_interface: null",
     ]
     if gpus:
-        lines += [
-            "# CHECK, for `hpcdp forecast --cluster` (docs/forecast.md, another cluster):",
-            "# the busbw nccl-tests' all_reduce_perf prints at 8 GiB on one whole node (intra) and",
-            "# on 2+ whole nodes (inter: about the sum of a node's NICs, not one NIC's rate; 331",
-            "# on nodes of 8 H100 with 8 x 400 Gb/s).",
-            "# network:",
-            "#   intra_node_busbw_gbps: 370",
-            "#   inter_node_busbw_gbps: 331",
-            "#   intra_node_latency_us: 3.4",
-            "#   inter_node_latency_us: 14",
-        ]
+        lines += NETWORK_SKETCH
     text = "\n".join(lines) + "\n"
     config.build(config.ClusterProfile, config.load_yaml_text(text), "cluster")  # loads as is
     return text
+
+
+# What Slurm cannot tell about a GPU partition's network, for `hpcdp forecast --cluster`.
+NETWORK_SKETCH = [
+    "# CHECK, for `hpcdp forecast --cluster` (docs/forecast.md, another cluster):",
+    "# the busbw nccl-tests' all_reduce_perf prints at 8 GiB on one whole node (intra) and",
+    "# on 2+ whole nodes (inter: about the sum of a node's NICs, not one NIC's rate; 331",
+    "# on nodes of 8 H100 with 8 x 400 Gb/s).",
+    "# network:",
+    "#   intra_node_busbw_gbps: 370",
+    "#   inter_node_busbw_gbps: 331",
+    "#   intra_node_latency_us: 3.4",
+    "#   inter_node_latency_us: 14",
+]
 
 
 def _quoted(value: str) -> str:

@@ -47,7 +47,7 @@ FILL = 2.0 ** -10
 
 
 def gradient_elements(exp: Experiment) -> int:
-    """Parameters of the experiment's model, from GPT-2's shapes (hpcdp/forecast.py; their
+    """Parameters of the experiment's model, from GPT-2's shapes (hpcdp/forecast/model.py; their
     match with the model train/model.py builds is tests/unit/test_model.py's). Building the
     model would import transformers, about 2 CPU-s of every probe rank's start for a count."""
     return sum(math.prod(shape) for shape in experiment_shapes(exp))

@@ -36,7 +36,7 @@ def test_gpt2_124m_has_the_standard_count() -> None:
     ("tiny", 256, 128), ("tiny", 50_257, 300), ("gpt2-100m", 26_700, 512),
     ("gpt2-124m", 50_257, 1024)])
 def test_forecast_shapes_are_the_models_parameters_in_order(preset, vocab, seq_len) -> None:
-    """hpcdp/forecast.py's GPT-2 shapes stand in for the model where transformers is not
+    """hpcdp/forecast/model.py's GPT-2 shapes stand in for the model where transformers is not
     loaded: the forecast's state per rank, and the network probe's gradient size
     (train/allreduce.py)."""
     from hpcdp.config import MODEL_PRESETS, model_context

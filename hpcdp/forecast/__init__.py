@@ -1,0 +1,82 @@
+"""`hpcdp forecast`: from one campaign to the scale a user will train on.
+
+For each strategy and precision the campaign ran, the step time at N nodes is
+
+    step(N) = compute + exposed(N),   exposed(N) = max(0, comm(N) - window)
+
+- compute: measured in the campaign (per rank, at its batch per rank): the cell's median step
+  time less its measured exposed communication. Weak scaling keeps it; strong scaling (global
+  batch fixed) scales it with the micro-steps each rank still runs (flagged where that leaves the
+  measured range).
+- comm(N): the collectives the strategy issues per optimizer step (`plan`), each costing, as
+  NCCL's ring model does (src/graph/tuning.cc; nccl-tests doc/PERFORMANCE.md for the factors):
+
+      latency = (steps - inter_steps) x intra_lat + inter_steps x inter_lat
+      time    = calls x latency + bytes x factor(n) / busbw
+
+  steps 2(n-1) for all-reduce and n-1 for all-gather and reduce-scatter, inter_steps 2(nodes-1)
+  and nodes-1; factor 2(n-1)/n and (n-1)/n. busbw is the inter-node figure once the ring leaves
+  the node, else the intra-node one.
+- window: the compute that runs while the collectives are in flight (backward for the gradient
+  all-reduce; forward and backward for FSDP's gathers), from the campaign's phases. Where the
+  campaign measured communication that compute did not hide, the hidden part (comm - exposed)
+  is the window instead: what was measured hidden stays hidden, and no more.
+- The network (alpha per ring step, busbw; intra- and inter-node apart) is fitted to the
+  campaign's all-reduce probes (every size of their sweep, start and end), or read from the
+  target profile's `network:` section.
+
+Memory per rank: parameters, gradients and AdamW state as each strategy shards them (computed
+from the model's tensor shapes: FSDP's dim-0 chunks, ZeRO-1's greedy partition, as torch does
+them), plus what the campaign measured beyond the state (activations, buffers). Time, GPU-hours
+and billing to train `tokens` follow from tokens/s. Every figure carries an interval (the
+repeats' spread, the probe fit's residuals and drift) and says where it extrapolates.
+
+The package: model.py (pure: state, network costs, Comm, the split of a measured step),
+inputs.py (network figures, one Fit per strategy from the run folders), predict.py (one node
+count), build.py (the whole, from a folder), report.py (text, JSON, plot, ranking),
+published.py (published figures), memory.py (the pre-queue memory check). No torch: the CLI
+imports this.
+"""
+
+from __future__ import annotations
+
+from hpcdp.forecast.build import (
+                                  DEFAULT_NODES,
+                                  TOKENS_PER_PARAM,
+                                  Forecast,
+                                  billing_rate,
+                                  make,
+                                  parse_nodes,
+)
+from hpcdp.forecast.inputs import (
+                                  Fit,
+                                  fit_network,
+                                  fits_of,
+                                  model_of,
+                                  network_from_profile,
+                                  network_warnings,
+)
+from hpcdp.forecast.memory import activation_bytes, experiment_shapes, memory_warnings
+from hpcdp.forecast.model import (
+                                  ADAM_STEP_BYTES,
+                                  Comm,
+                                  Model,
+                                  Network,
+                                  _last_bucket,
+                                  comm_s,
+                                  comm_terms,
+                                  gpt2_shapes,
+                                  split_step,
+                                  state_bytes,
+)
+from hpcdp.forecast.predict import ONE_RUN, Prediction, predict
+from hpcdp.forecast.published import PUBLISHED_FILE, published_checks
+from hpcdp.forecast.report import as_json, plot, ranking, ranking_line, render_text, rows
+
+__all__ = ["ADAM_STEP_BYTES", "DEFAULT_NODES", "ONE_RUN", "PUBLISHED_FILE", "TOKENS_PER_PARAM",
+           "Comm", "Fit", "Forecast", "Model", "Network", "Prediction", "_last_bucket",
+           "activation_bytes", "as_json", "billing_rate", "comm_s", "comm_terms",
+           "experiment_shapes", "fit_network", "fits_of", "gpt2_shapes", "make",
+           "memory_warnings", "model_of", "network_from_profile", "network_warnings",
+           "parse_nodes", "plot", "predict", "published_checks", "ranking", "ranking_line",
+           "render_text", "rows", "split_step", "state_bytes"]

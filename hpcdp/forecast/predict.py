@@ -1,0 +1,160 @@
+"""One prediction: a Fit's measured step carried to N nodes x ranks per node, with its
+interval, time, cost, memory and flags."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from hpcdp import strategies as registry
+from hpcdp.forecast.inputs import Fit
+from hpcdp.forecast.model import BACKWARD_SHARE, Comm, Network, comm_terms, split_step, state_bytes
+
+
+@dataclass
+class Prediction:
+    strategy: str
+    precision: str
+    nodes: int
+    gpus: int
+    tokens_per_s: float | None = None
+    tokens_per_s_low: float | None = None
+    tokens_per_s_high: float | None = None
+    step_s: float | None = None
+    compute_s: float | None = None
+    comm_s: float | None = None
+    exposed_s: float | None = None
+    state_gb: float | None = None
+    memory_gb: float | None = None
+    hours: float | None = None
+    hours_low: float | None = None
+    hours_high: float | None = None
+    gpu_hours: float | None = None
+    billing: float | None = None
+    measured: float | None = None
+    measured_range: tuple | None = None
+    flags: list[str] = field(default_factory=list)
+    why_none: str | None = None
+    terms: dict = field(default_factory=dict)
+    """The step's parts in seconds (Comm's terms, the compute and its window)."""
+
+
+ONE_RUN = "1 run: no interval (repeats give one: hpcdp compare --repeats 3)"
+
+
+def window_share(fit: Fit, spec: registry.StrategySpec) -> float:
+    """The share of compute that collectives can hide behind: backward for the gradient
+    all-reduce, forward and backward for FSDP's gathers (the campaign's phases, else FLOPs:
+    forward 1/3, backward 2/3 of forward + backward, the optimizer left out)."""
+    if fit.forward_s is not None and fit.backward_s is not None and fit.phases_s:
+        forward, backward = fit.forward_s / fit.phases_s, fit.backward_s / fit.phases_s
+    else:
+        forward, backward = 1 - BACKWARD_SHARE, BACKWARD_SHARE
+    share = forward + backward if spec.sharding in ("full", "in-node") else backward
+    return min(max(share, 0.0), 1.0)
+
+
+def _scale_compute(fit: Fit, gpus: int, out: Prediction) -> tuple[float, float] | None:
+    """(tokens per step at `gpus` ranks, compute's scale): weak scaling keeps compute per rank;
+    strong scaling keeps the global batch, so each rank runs fewer micro-steps. None (and
+    out.why_none) when the batch cannot be split that far."""
+    if fit.scaling != "strong":
+        return fit.tokens_per_step / (fit.nodes * fit.ranks_per_node) * gpus, 1.0
+    accum = fit.global_batch / (fit.micro_batch * gpus)
+    if accum < 1:
+        out.why_none = (f"global batch {fit.global_batch} cannot be split over {gpus} ranks "
+                        f"at micro-batch {fit.micro_batch}")
+        return None
+    if accum != int(accum):
+        out.flags.append("global batch not divisible")
+    if accum < fit.accum:
+        out.flags.append("compute extrapolated to fewer micro-steps")
+    return fit.tokens_per_step, accum / fit.accum
+
+
+def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
+            tokens: float, measured: dict, billing_per_node_hour: float | None,
+            compute_scale: float = 1.0, target_device: str | None = None) -> Prediction:
+    spec = registry.get(fit.strategy)
+    gpus = nodes * ranks_per_node
+    out = Prediction(fit.strategy, fit.precision, nodes, gpus)
+    if nodes in measured:  # shown beside the forecast, and where none can be made
+        out.measured, out.measured_range = measured[nodes]
+    out.why_none = _why_not(spec, fit, net, nodes, ranks_per_node)
+    if out.why_none:
+        return out
+    # Without network figures only where it was measured: its collectives are in its step.
+    needs_net = spec.transport != "none" and gpus > 1 and net is not None
+    step_med = 1 / statistics.median(1 / s for s in fit.step_s)  # at the median tokens/s
+    streams = fit.device != "cpu" if target_device is None else target_device != "cpu"
+    comm_fit = comm_terms(spec, fit.model, net, fit.nodes, fit.ranks_per_node,
+                          fit.reshard_after_forward, fit.device != "cpu") \
+        if net and spec.transport != "none" else Comm()
+    compute, window = split_step(step_med, comm_fit, fit.exposed_s, window_share(fit, spec))
+    spread_lo, spread_hi = min(fit.step_s) / step_med, max(fit.step_s) / step_med
+    scaled = _scale_compute(fit, gpus, out)
+    if scaled is None:
+        return out
+    tokens_per_step, scale = scaled
+    scale *= compute_scale
+    if fit.exposed_s is None or comm_fit.total == 0:  # a window not measured moves with compute
+        window *= scale
+    compute *= scale
+    comm = comm_terms(spec, fit.model, net, nodes, ranks_per_node, fit.reshard_after_forward,
+                      streams) if needs_net else Comm()
+    spread = net.spread if net else 0.0
+
+    def step(c_scale: float, n_scale: float) -> float:
+        return compute * c_scale + comm.exposed(window, n_scale)
+
+    out.step_s = step(1, 1)
+    out.compute_s, out.comm_s, out.exposed_s = compute, comm.total, out.step_s - compute
+    out.terms = {"compute_s": compute, "window_s": window, "overlapped_s": comm.overlapped,
+                 "tail_s": comm.tail, "serial_s": comm.serial}
+    out.tokens_per_s = tokens_per_step / out.step_s
+    out.hours = tokens / out.tokens_per_s / 3600
+    if len(fit.step_s) > 1:
+        out.tokens_per_s_low = tokens_per_step / step(spread_hi, 1 + spread)
+        out.tokens_per_s_high = tokens_per_step / step(spread_lo, max(0.0, 1 - spread))
+        out.hours_low = tokens / out.tokens_per_s_high / 3600
+        out.hours_high = tokens / out.tokens_per_s_low / 3600
+    else:  # one run shows no spread: no interval, rather than one of zero width
+        out.flags.append(ONE_RUN)
+    out.gpu_hours = out.hours * gpus
+    if billing_per_node_hour is not None:
+        out.billing = billing_per_node_hour * nodes * out.hours
+    # Memory: the state as this strategy shards it at N, plus what the campaign measured
+    # beyond its state (activations, buffers; the process itself on a CPU).
+    out.state_gb = state_bytes(spec.sharding, fit.shapes, gpus, ranks_per_node) / 1e9
+    if fit.peak_gb is not None and fit.state_gb is not None:
+        out.memory_gb = out.state_gb + max(0.0, fit.peak_gb - fit.state_gb)
+    out.flags += _flags(fit, net if needs_net else None, nodes, measured)
+    return out
+
+
+def _why_not(spec: registry.StrategySpec, fit: Fit, net: Network | None, nodes: int,
+             ranks_per_node: int) -> str | None:
+    """Why nothing can be forecast at this shape, or None."""
+    if spec.max_nodes is not None and nodes > spec.max_nodes:
+        return f"{spec.name} runs on {spec.max_nodes} node only: not extrapolated"
+    if spec.sharding == "in-node" and ranks_per_node < spec.min_tasks_per_node:
+        return f"needs {spec.min_tasks_per_node}+ ranks per node"
+    if (spec.transport != "none" and nodes * ranks_per_node > 1 and net is None
+            and (nodes, ranks_per_node) != (fit.nodes, fit.ranks_per_node)):
+        return f"no network figures for {fit.communication}"
+    return None
+
+
+def _flags(fit: Fit, net: Network | None, nodes: int, measured: dict) -> list[str]:
+    """Where a prediction goes beyond what was measured (`net`: None when none is used)."""
+    flags = []
+    if fit.nodes * fit.ranks_per_node == 1 and net is not None:
+        flags.append("fitted at 1 rank: the strategy's own per-step work not measured")
+    if nodes > max([fit.nodes, *measured]):
+        flags.append("extrapolated")
+    if net and net.max_nodes and nodes > net.max_nodes:
+        flags.append(f"network beyond {net.max_nodes} probed node(s)")
+    largest = max(fit.model.grad_bytes, fit.model.param_gather_bytes)
+    if net and net.max_bytes and largest > net.max_bytes * 1.01:
+        flags.append("message beyond the probed sizes")
+    return flags
