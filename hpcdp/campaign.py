@@ -30,7 +30,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcdp import render
+from hpcdp import render, run_folder
 from hpcdp.config import ClusterProfile, Experiment
 from hpcdp.errors import UsageError
 from hpcdp.render import RenderedJob
@@ -247,12 +247,12 @@ def _campaign_job(profile: ClusterProfile, experiment: Experiment, folder: Path,
                 "script": str(c.job.script_path)} for r, c in rounds],
         repeats=repeats, order=experiment.compare.order, seed=seed, probes=len(probes),
         probes_end=len(probes_end), malloc=experiment.train.malloc,
-        experiment_name=render.EXPERIMENT_FILE, failed_suffix=FAILED_SUFFIX)
+        experiment_name=run_folder.EXPERIMENT_FILE, failed_suffix=FAILED_SUFFIX)
     text = render.render_template("campaign.sbatch.j2", context)
     return RenderedJob(strategy=largest.strategy, nodes=largest.nodes,
                        tasks_per_node=largest.job.tasks_per_node, run_dir=folder,
                        script_path=folder / SCRIPT_NAME,
-                       experiment_file=folder / render.EXPERIMENT_FILE, text=text)
+                       experiment_file=folder / run_folder.EXPERIMENT_FILE, text=text)
 
 
 def move_aside(folder: Path) -> None:

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpcdp import __version__, config, strategies
+from hpcdp import __version__, config, run_folder, strategies
 from hpcdp.errors import (
     CLI_NAME,
     VIA_CLI,
@@ -86,7 +86,7 @@ def _continued_experiment(args, profile: config.ClusterProfile,
     spec = strategies.get(args.strategy)
     devices = getattr(args, "ranks", None) or profile.devices_per_node()
     world = (args.nodes or 1) * spec.tasks_per_node(devices)
-    return config.load_experiment(str(earlier.run_dir / resume_from.EXPERIMENT_FILE),
+    return config.load_experiment(str(earlier.run_dir / run_folder.EXPERIMENT_FILE),
                                   resume_from.overrides(earlier, world, experiment_over))
 
 

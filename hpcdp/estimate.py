@@ -26,6 +26,7 @@ from pathlib import Path
 from hpcdp import peaks, progress
 from hpcdp.config import MODEL_PRESETS, ClusterProfile, Experiment
 from hpcdp.errors import one_line
+from hpcdp.run_folder import METRICS_FILE
 
 ASSUMED_MFU = 0.3
 """Share of the peak a GPT-2 step reaches: 30-45% is typical of well-fed GPUs with AMP; the low
@@ -93,7 +94,7 @@ def _peak(profile: ClusterProfile, precision: str) -> tuple[float | None, str | 
 def _earlier_step_times(root: Path, experiment: Experiment) -> dict[tuple, float]:
     """(strategy, nodes, world) -> median step time of the newest finished run like it."""
     found: dict[tuple, tuple[float, float]] = {}
-    for metrics in root.rglob("metrics.jsonl") if root.is_dir() else []:
+    for metrics in root.rglob(METRICS_FILE) if root.is_dir() else []:
         try:  # the first line and the last 64 KB, as `hpcdp status` reads them
             head, tail = progress.head_and_tail(metrics)
             header, summary = json.loads(head), json.loads(tail.splitlines()[-1])

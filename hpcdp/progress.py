@@ -14,6 +14,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hpcdp.run_folder import METRICS_FILE
+
 TAIL_BYTES = 64 * 1024
 """Enough for the last dozens of step records (each about 600 bytes)."""
 
@@ -127,7 +129,7 @@ def of_campaign(folder: Path) -> Progress | None:
                  if len(parts) == 3 and parts[0] in ("cell", "failed")}
     current = next((i for i, c in enumerate(order) if c["key"] not in attempted), len(order) - 1)
     cell = order[current]
-    inner = of_metrics(Path(cell["run_dir"]) / "metrics.jsonl")
+    inner = of_metrics(Path(cell["run_dir"]) / METRICS_FILE)
     label = f"{current + 1}/{len(order)} {cell['key']}"
     return dataclasses.replace(inner or Progress(0, 0, None, None, None), cell=label)
 
@@ -154,4 +156,4 @@ def of_run_dir(run_dir: Path, job_id: str | None = None) -> Progress | None:
     if (run_dir / "campaign.json").exists():
         folder = _campaign_of_job(run_dir, job_id)
         return of_campaign(folder) if folder else None
-    return of_metrics(run_dir / "metrics.jsonl")
+    return of_metrics(run_dir / METRICS_FILE)

@@ -36,11 +36,11 @@ from hpcdp import (
 )
 from hpcdp.config import ClusterProfile, Experiment, as_dict, build, load_yaml_text
 from hpcdp.errors import UsageError
+from hpcdp.run_folder import CHECKPOINT_DIR, EXPERIMENT_FILE, METRICS_FILE
 from hpcdp.strategies import StrategySpec
 
 # Values that go into #SBATCH lines: Slurm names, lists of names, sizes.
 _SBATCH_SAFE = re.compile(r"[A-Za-z0-9._,:+-]+")
-EXPERIMENT_FILE = "experiment.yaml"
 
 
 @dataclass(frozen=True)
@@ -331,7 +331,7 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
 
 
 def holds_a_run(run_dir: Path) -> bool:
-    return (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("step-*"))
+    return (run_dir / METRICS_FILE).exists() or any((run_dir / CHECKPOINT_DIR).glob("step-*"))
 
 
 def _earlier_settings(experiment_file: Path) -> dict[str, object]:

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpcdp.errors import UsageError
+from hpcdp.run_folder import CHECKPOINT_DIR, CHECKPOINT_NAME, EXPERIMENT_FILE, METRICS_FILE
 from hpcdp.strategies import StrategySpec
-
-EXPERIMENT_FILE = "experiment.yaml"
-_CHECKPOINT = re.compile(r"step-(\d+)\.(pt|dcp)")
 
 
 @dataclass(frozen=True)
@@ -56,9 +53,9 @@ def read(run_dir: Path) -> EarlierRun:
     if not (run_dir / EXPERIMENT_FILE).is_file():
         raise UsageError(f"{where} holds no {EXPERIMENT_FILE}: give a run folder hpcdp wrote "
                          "(OUT/EXPERIMENT/STRATEGY-Nn)")
-    header = _last_header(run_dir / "metrics.jsonl")
-    found = sorted((int(m[1]), m[2]) for p in (run_dir / "checkpoints").glob("step-*")
-                   if (m := _CHECKPOINT.fullmatch(p.name)))
+    header = _last_header(run_dir / METRICS_FILE)
+    found = sorted((int(m[1]), m[2]) for p in (run_dir / CHECKPOINT_DIR).glob("step-*")
+                   if (m := CHECKPOINT_NAME.fullmatch(p.name)))
     if header is None or not found:
         raise UsageError(f"{where} holds no checkpoint to continue from (checkpoints/ is empty "
                          "or missing): let the run checkpoint first (train.checkpoint_interval,"

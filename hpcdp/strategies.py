@@ -64,7 +64,7 @@ class StrategySpec:
     harvest's verdict states its memory per rank and throughput against that one's."""
     grad_comm: tuple[str, ...] = ()
     sharding: Literal["replicated", "optimizer", "full", "in-node"] = "replicated"
-    """What each rank holds of the model state, and so what it sends per step (hpcdp/forecast/model.py):
+    """What each rank holds of the model state, and so what it sends per step (hpcdp/forecast/):
     replicated (every rank the whole state; gradients all-reduced), optimizer (ZeRO-1: the
     optimizer state sharded, updated parameters gathered after the step), full (FSDP: all of it
     sharded, parameters gathered for forward and backward, gradients reduce-scattered), in-node

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdp.errors import UsageError
+from hpcdp.run_folder import METRICS_FILE
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 INSTALL = {"tensorboard": "pip install 'hpcdp[tensorboard]'",
@@ -344,7 +345,7 @@ class TrackedRun:
         self.report: dict[str, str] = {}
         self.sent = {name: 0 for name in self.names}
         if already_sent is None:  # read the file only where a tracker will need it
-            already_sent = _last_step_written(run_dir / "metrics.jsonl") if self.names else 0
+            already_sent = _last_step_written(run_dir / METRICS_FILE) if self.names else 0
         self.already_sent = already_sent
         self._opened = False
 

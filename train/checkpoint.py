@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from hpcdp.errors import UsageError
+from hpcdp.run_folder import CHECKPOINT_NAME, checkpoint_name
 
 # torch is imported in the functions that use it: `hpcdp export`, `sample` and `eval` find and
 # check a run's checkpoints before they load torch, so their refusals take 0.3 s, not 5.
 
-_NAME = re.compile(r"step-(\d{7,})\.(?:pt|dcp)")
 _TEMP = re.compile(r"\.step-\d{7,}\.(?:pt|dcp)\.tmp-(\d+)")
 DIGEST_SUFFIX = ".sha256"
 SHARDED_SUFFIX = ".dcp"
@@ -54,7 +54,7 @@ def checkpoint_dir(out_dir: Path) -> Path:
 
 
 def path_for(out_dir: Path, step: int, sharded: bool = False) -> Path:
-    return checkpoint_dir(out_dir) / f"step-{step:07d}{SHARDED_SUFFIX if sharded else '.pt'}"
+    return checkpoint_dir(out_dir) / checkpoint_name(step, sharded)
 
 
 def is_sharded(path: Path) -> bool:
@@ -66,7 +66,8 @@ def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
     folder = checkpoint_dir(out_dir)
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.fullmatch(p.name))]
+    found = [(int(m.group(1)), p) for p in folder.iterdir()
+             if (m := CHECKPOINT_NAME.fullmatch(p.name))]
     return sorted(found)
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcdp.config import Experiment, build
 from hpcdp.errors import UsageError
+from hpcdp.run_folder import METRICS_FILE
 from train import checkpoint
 from train.data import expected_vocab_size
 
@@ -128,7 +129,7 @@ def _run_figures(run_dir: Path, step: int) -> dict[str, Any]:
     """What the run logged up to `step`: its loss there, validation loss, tokens, throughput."""
     figures: dict[str, Any] = {}
     try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        lines = (run_dir / METRICS_FILE).read_text().splitlines()
     except OSError:
         return figures
     rates = []

@@ -28,6 +28,7 @@ from hpcdp import distenv, run_lock
 from hpcdp import strategies as registry
 from hpcdp.config import Experiment, as_dict
 from hpcdp.errors import AlreadySaid, UsageError
+from hpcdp.run_folder import METRICS_FILE
 from hpcdp.tracking import TrackedRun
 from train import checkpoint, faults, malloc, memory
 from train.data import Batches, open_data
@@ -238,7 +239,7 @@ def _train(exp: Experiment, spec: registry.StrategySpec, env: distenv.DistEnv,
     training = setup(exp, spec, strategy, out_dir, resume, log)
     # Before the header is written: the trackers skip the steps earlier segments sent.
     tracked = TrackedRun(exp.train.trackers, out_dir, log) if strategy.is_main else None
-    metrics = MetricsWriter(out_dir / "metrics.jsonl" if strategy.is_main else None, tracked)
+    metrics = MetricsWriter(out_dir / METRICS_FILE if strategy.is_main else None, tracked)
     metrics.write("header", **header(training, env))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     placement = {"device": str(strategy.device), "devices": strategy.devices_per_process,

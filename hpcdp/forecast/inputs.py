@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hpcdp.config import MODEL_PRESETS, ClusterProfile, NetworkConfig, model_context
 from hpcdp.forecast.model import Model, Network, _numel, gpt2_shapes
+from hpcdp.run_folder import METRICS_FILE
 
 
 def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -168,7 +169,7 @@ def _median(values):
 def _phases(run_dir: Path) -> tuple[float | None, float | None, float | None]:
     """Median forward, backward and all-phases seconds of the later half of a run's steps."""
     try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        lines = (run_dir / METRICS_FILE).read_text().splitlines()
     except OSError:
         return None, None, None
     steps = []
@@ -187,7 +188,7 @@ def _phases(run_dir: Path) -> tuple[float | None, float | None, float | None]:
 
 def _header(run_dir: Path) -> dict:
     try:
-        with open(run_dir / "metrics.jsonl") as f:
+        with open(run_dir / METRICS_FILE) as f:
             record = json.loads(f.readline())
     except (OSError, ValueError):
         return {}

@@ -40,6 +40,7 @@ from hpcdp.harvest.table import (
     state_from_log,
     summarize_log,
 )
+from hpcdp.run_folder import METRICS_FILE
 
 __all__ = ["FORMATS", "Harvest", "RunResult", "add_arguments", "collect", "harvest", "main",
            "write_outputs"]
@@ -145,7 +146,7 @@ def _notes(r: RunResult, log: MetricsLog, info, scan) -> list[str]:
 
 
 def _read_run(run_dir: Path) -> tuple[RunResult, MetricsLog]:
-    log = read_metrics(run_dir / "metrics.jsonl")
+    log = read_metrics(run_dir / METRICS_FILE)
     r = summarize_log(run_dir, log)
     log.columns, log.order = StepColumns(), []  # the numbers are in r now: free the rows
     r.job_id = _job_id(log, read_submission(run_dir))

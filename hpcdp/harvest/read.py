@@ -17,8 +17,9 @@ from pathlib import Path
 
 from hpcdp import job_end, slurm
 from hpcdp.errors import UsageError
+from hpcdp.run_folder import METRICS_FILE
 
-METRICS = "metrics.jsonl"
+METRICS = METRICS_FILE
 # Directories that never hold a run's metrics: do not walk into them (the last three hold
 # trackers' files: hpcdp/tracking.py).
 _SKIP_DIRS = {"checkpoints", ".git", "__pycache__", ".venv", "node_modules", "tensorboard",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hpcdp.errors import UsageError
 from hpcdp.harvest.read import find_run_dirs
+from hpcdp.run_folder import METRICS_FILE
 from hpcdp.tracking import BACKENDS, INSTALL, RunIdentity, TrackedRun, replay
 
 EXPORTABLE = ("tensorboard", "mlflow")
@@ -46,7 +47,7 @@ def export(paths: list[Path], tracker: str, dest: Path,
         if BACKENDS[tracker].holds(ident):
             log(f"{run_dir}: already in {tracker} under {dest}; skipped")
             continue
-        header, records, summary = replay(run_dir / "metrics.jsonl")
+        header, records, summary = replay(run_dir / METRICS_FILE)
         tracked = TrackedRun([tracker], run_dir, lambda line: None, already_sent=0, ident=ident)
         tracked.feed({**header, "kind": "header", "start_step": 0})
         for record in records:
