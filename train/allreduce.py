@@ -31,14 +31,13 @@ from hpcdp import strategies as registry
 from hpcdp.config import Experiment
 from hpcdp.errors import one_line, positive_number
 from hpcdp.forecast import experiment_shapes
+from hpcdp.forecast.model import DDP_BUCKET_BYTES, HOROVOD_FUSION_BYTES
 from train.strategies import Strategy, create
 
 RESULT_FILE = "allreduce.json"
 WARMUP, ITERATIONS = 5, 20  # nccl-tests' defaults (-w 5 -n 20)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MiB = 1 << 20
-DDP_BUCKET_BYTES = 25 * MiB  # DistributedDataParallel(bucket_cap_mb=25)
-HOROVOD_FUSION_BYTES = 64 * MiB  # HOROVOD_FUSION_THRESHOLD's default
 SWEEP_BYTES = tuple(1024 * 4 ** k for k in range(10))  # 1 KiB .. 256 MiB
 MAX_MB_ENV = "HPCDP_ALLREDUCE_MAX_MB"
 # Every rank adds FILL each iteration and the tensor is refilled before the next: the sum stays
