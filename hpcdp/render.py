@@ -89,8 +89,8 @@ def run_dir_for(profile: ClusterProfile, experiment: Experiment, strategy: Strat
 @functools.cache
 def _environment() -> jinja2.Environment:
     """One per process: jinja2 caches each compiled template in its environment, and compiling
-    is most of a render (the paper campaign's 96 scripts compiled them 194 times: 2.9 s of
-    `compare --dry-run`'s 3 s; bench/render_cache.py)."""
+    is most of a render, so a campaign of many scripts would otherwise compile the same
+    templates again for each (docs/performance.md, bench/render_cache.py)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
         undefined=jinja2.StrictUndefined,

@@ -260,8 +260,8 @@ def exit_without_finalizing(code: int):
     tensors; if the interpreter is finalizing by then, the thread's bid for the GIL unwinds a
     destructor that may not throw and the process aborts ("terminate called without an active
     exception", SIGABRT): a run that finished and wrote everything ends as a FAILED job. Seen
-    with fsdp, whose device mesh keeps the process group alive past destroy_process_group (2
-    aborts in 62 two-rank runs on two loaded cores, docs/troubleshooting.md). By now the run has
+    with fsdp, whose device mesh keeps the process group alive past destroy_process_group, on
+    loaded cores (docs/troubleshooting.md). By now the run has
     closed its files and trackers, and the strategy has shut down Horovod or its process group:
     finalization had only memory left to free."""
     import atexit

@@ -1,6 +1,6 @@
 """Plain text that fits a terminal: a table keeps the columns that fit, in order of importance,
 and wraps its notes; prose wraps at words. The full-width table stays in `--wide`, table.md and
-table.csv (issue 36, item 12: `COLUMNS=100 hpcdp harvest` printed lines of 443 characters)."""
+table.csv: a line wider than the terminal wraps into something no one can read."""
 
 from __future__ import annotations
 

@@ -44,8 +44,8 @@ class HorovodStrategy(Strategy):
         os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(timeout_s))
         if not torch.cuda.device_count():
             # CPU ranks: Open MPI busy-polls while it waits, and that steals the core the
-            # rank computes on (two local nodes: forward 19 -> 27 ms, step 1.47x DDP's;
-            # yielding: 0.92x, bench/horovod_knobs.py). Read by MPI_Init, in hvd.init().
+            # rank computes on (docs/performance.md, bench/horovod_knobs.py). Read by
+            # MPI_Init, in hvd.init().
             os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         if wants_slurm_gloo_rendezvous(env, os.environ):
             # Rank 0 serves the rendezvous at the master address: it must be its own node.
