@@ -280,8 +280,13 @@ def _follow(records: list[dict], timeout: float | None) -> int:
     """--wait: until every job ends; 0 only when all COMPLETED."""
     from hpcdp import submit
 
+    by_id = {r["job_id"]: r for r in records}
+
+    def why_requeued(job_id: str, info) -> str | None:
+        return _why_requeued(by_id[job_id], info)
+
     try:
-        states, ended = submit.follow([r["job_id"] for r in records], timeout_s=timeout)
+        states, ended = submit.follow(list(by_id), timeout_s=timeout, why_requeued=why_requeued)
     except KeyboardInterrupt:  # Ctrl-C stops the following, not the jobs: say so
         ids = " ".join(r["job_id"] for r in records)
         print(f"hpcdp: stopped following; job(s) {ids} keep running: `hpcdp status`, "

@@ -227,12 +227,17 @@ def read_records() -> list[dict]:
 
 
 def follow(job_ids: list[str], *, poll_s: float = 2.0, timeout_s: float | None = None,
-           echo: Callable[[str], None] = print) -> tuple[dict[str, str], set[str]]:
+           echo: Callable[[str], None] = print,
+           why_requeued: Callable[[str, object], str | None] | None = None
+           ) -> tuple[dict[str, str], set[str]]:
     """Poll until every job reaches a final state (or timeout_s passes); print each change,
-    with Slurm's reason while a job is pending. Returns (id -> state, ids that ended)."""
+    with Slurm's reason while a job is pending, and, when Slurm requeues a job, why
+    (why_requeued(job id, its JobInfo): a line, or None). Returns (id -> state, ids that
+    ended)."""
     from hpcdp import slurm
 
     last: dict[str, str] = {}
+    requeues: dict[str, int] = {}
     start = time.monotonic()
     deadline = None if timeout_s is None else start + timeout_s
     while True:
@@ -245,6 +250,12 @@ def follow(job_ids: list[str], *, poll_s: float = 2.0, timeout_s: float | None =
             if last.get(job_id) != shown:
                 echo(f"job {job_id}: {shown}")
                 last[job_id] = shown
+            restarts = (info.restarts or 0) if info else 0
+            if why_requeued and restarts > requeues.setdefault(job_id, restarts):
+                said = why_requeued(job_id, info)  # None: not yet in the log, or a preemption
+                if said:
+                    echo(f"job {job_id}: {said}")
+                    requeues[job_id] = restarts
         ended = {j for j in job_ids
                  if infos.get(j) and slurm.has_ended(infos[j], infos.accounting_available)}
         states = {j: (infos[j].shown_state() if infos.get(j) else "UNKNOWN") for j in job_ids}

@@ -44,16 +44,41 @@ def _wait_for(path: Path, timeout_s: float) -> bool:
     return path.exists()
 
 
+def _submit_waiting(tmp_path: Path, strategy: str, settings: list[str]
+                    ) -> tuple[str, Path, subprocess.Popen]:
+    """`hpcdp submit --wait`, as a user follows a job: (job id, run dir, the process still
+    following it, its output to be read at its end)."""
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "hpcdp", "submit", "--strategy", strategy, "--nodes", "2",
+         "--out", str(tmp_path / strategy), *settings, "--wait"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = ""
+    while not re.search(r"run:\s+\S.*\n", said):
+        line = follower.stdout.readline()
+        assert line, f"hpcdp submit --wait ended before it named its run: {said}"
+        said += line
+    return (re.search(r"submitted job (\d+)", said).group(1),
+            Path(re.search(r"run:\s+(\S.*)", said).group(1).strip()), follower)
+
+
 @contextlib.contextmanager
-def _links_cut_at(tmp_path: Path, settings: list[str], step: int) -> Iterator[tuple[dict, dict]]:
+def _links_cut_at(tmp_path: Path, settings: list[str], step: int,
+                  followers: dict | None = None) -> Iterator[tuple[dict, dict]]:
     """DDP and Horovod (where installed) on 2 nodes each; as each reaches `step`, the link of
     its rank 1's node (whichever Slurm handed out) is cut. Yields ({strategy: (job id, run
     dir)}, {strategy: node cut}); restores the links at the end, and cancels the jobs when the
-    test fails inside (long runs must not hold the nodes)."""
+    test fails inside (long runs must not hold the nodes). followers: a dict to fill with
+    each strategy's `hpcdp submit --wait` process, which then submits them."""
     if cluster.network_mode() != "namespaces":
         pytest.skip("the cluster runs without its node network here: no link to cut")
     strategies = ["distributed-ps"] + (["horovod"] if horovod_importable() else [])
-    jobs = {s: submit(tmp_path, s, 2, tmp_path / s, *settings) for s in strategies}
+    jobs = {}
+    for s in strategies:
+        if followers is None:
+            jobs[s] = submit(tmp_path, s, 2, tmp_path / s, *settings)
+        else:
+            job_id, run_dir, followers[s] = _submit_waiting(tmp_path, s, settings)
+            jobs[s] = (job_id, run_dir)
     cut: dict[str, str] = {}
     try:
         for strategy, (_, run_dir) in jobs.items():
@@ -115,7 +140,8 @@ def test_a_node_slurm_declares_failed_is_named_and_the_requeued_job_resumes(
     the job itself. The job log says so in one line (not a preemption, not a scancel), and so
     do `hpcdp status` and harvest's notes; the link comes back, and the rerun resumes from the
     newest checkpoint: every step once, as after a preemption."""
-    with _links_cut_at(tmp_path, REQUEUE_SETTINGS, CUT_AFTER) as (jobs, cut):
+    followers: dict[str, subprocess.Popen] = {}
+    with _links_cut_at(tmp_path, REQUEUE_SETTINGS, CUT_AFTER, followers) as (jobs, cut):
         deadline = time.monotonic() + NODE_FAIL_WITHIN_S
         while any(_restarts(job_id) == 0 for job_id, _ in jobs.values()):
             assert time.monotonic() < deadline, "Slurm did not requeue the jobs for NODE_FAIL"
@@ -145,6 +171,10 @@ def test_a_node_slurm_declares_failed_is_named_and_the_requeued_job_resumes(
     for strategy, (job_id, _) in jobs.items():
         assert rows[job_id]["requeued"].startswith(
             f"requeued x1: {cut[strategy]} stopped responding (Slurm: NODE_FAIL)"), rows[job_id]
+        followed, _ = followers[strategy].communicate(timeout=60)  # submit --wait's own lines
+        assert followers[strategy].returncode == 0, followed
+        assert (f"job {job_id}: requeued x1: {cut[strategy]} stopped responding (Slurm: "
+                "NODE_FAIL)") in followed, followed
 
 
 SLOW_STEPS, SLOW_AT = 20, 14  # in the second half of the run's steady steps
