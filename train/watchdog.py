@@ -20,6 +20,13 @@ fires first tries the Slurm controller (a TCP connection to slurm.conf's Slurmct
 summary names the nodes whose ranks could not reach it as cut off, and the others as having
 only waited for them. (A node cut off from a real cluster's shared file system cannot write its
 dump either, and is named silent.)
+
+Slurm may end the job first: when it declares the cut node failed, it sends the others SIGTERM
+and, KillWait seconds later, SIGKILL. A rank blocked in a collective runs no Python signal
+handler until the collective returns, so the watchdog thread hears the signal itself (the
+interpreter writes each signal to a pipe: signal.set_wakeup_fd), and a rank that SIGTERM finds
+stuck (no progress for STUCK_AT_TERM_S and 3 median steps) dumps its stack into hang/ at once.
+A rank making progress does not: it is stopping as asked (a preemption's checkpoint).
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import select
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -46,6 +55,8 @@ PY_SPY_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 2.0
 """How long a rank that fired tries to reach the Slurm controller (well inside SUMMARY_WAIT_S)."""
 SLURMCTLD_DEFAULT_PORT = 6817
+STUCK_AT_TERM_S = 5.0
+"""A rank SIGTERM finds without progress for this long (and 3 median steps) dumps its stack."""
 
 
 class Watchdog:
@@ -58,6 +69,7 @@ class Watchdog:
         self._last = time.monotonic()
         self._step_times: list[float] = []
         self._done = threading.Event()
+        self._signals = _signal_pipe()
         self._record_where_this_rank_runs(placement or {})
         self._thread = threading.Thread(target=self._watch, name="hpcdp-watchdog", daemon=True)
         self._thread.start()
@@ -91,12 +103,45 @@ class Watchdog:
 
     def stop(self) -> None:
         self._done.set()
+        if self._signals is not None:
+            try:
+                signal.set_wakeup_fd(-1)
+            except ValueError:  # not the main thread: the interpreter keeps the pipe
+                pass
 
     def _watch(self) -> None:
-        while not self._done.wait(0.5):
+        while not self._done.is_set():
+            if self._signals is None:
+                self._done.wait(0.5)
+            elif select.select([self._signals], [], [], 0.5)[0]:
+                if signal.SIGTERM in os.read(self._signals, 64):
+                    self._terminated()
             idle = time.monotonic() - self._last
             if idle > self.bound_s():
                 self._fire(idle)
+
+    def _terminated(self) -> None:
+        """SIGTERM arrived: a rank stuck in a collective leaves its stack before it is killed."""
+        idle = time.monotonic() - self._last
+        median = statistics.median(self._step_times[-100:]) if self._step_times else 0.0
+        if idle > max(STUCK_AT_TERM_S, 3 * median):  # KillWait is short: the stack alone
+            self._write_stack(f"train: rank {self.rank} on {socket.gethostname()} got SIGTERM "
+                              f"after {idle:.0f} s without progress (after step {self.step}): "
+                              "its stack before the job ends")
+
+    def _dump(self, cause: str) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        # Before the dump: the rank writing the summary reads this once it sees the dump.
+        (self.folder / f"rank-{self.rank}.network").write_text(
+            describe_reach(slurm_controller()) + "\n")
+        self._write_stack(cause)
+
+    def _write_stack(self, cause: str) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / f"rank-{self.rank}.txt", "w") as f:
+            f.write(f"{cause}\npid {os.getpid()}\n\n")
+            f.flush()
+            faulthandler.dump_traceback(file=f, all_threads=True)
 
     def _fire(self, idle: float) -> None:
         host = socket.gethostname()
@@ -105,14 +150,7 @@ class Watchdog:
                  f"{self.folder}; ending this rank so that the job ends")
         print(cause, file=sys.stderr, flush=True)
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            # Before the dump: the rank writing the summary reads this once it sees the dump.
-            (self.folder / f"rank-{self.rank}.network").write_text(
-                describe_reach(slurm_controller()) + "\n")
-            with open(self.folder / f"rank-{self.rank}.txt", "w") as f:
-                f.write(f"{cause}\npid {os.getpid()}\n\n")
-                f.flush()
-                faulthandler.dump_traceback(file=f, all_threads=True)
+            self._dump(cause)
             time.sleep(SUMMARY_WAIT_S)
             if self.rank == min(self._dumped()):
                 self._write_summary(host)
@@ -175,6 +213,20 @@ class Watchdog:
                     "from the Slurm controller: each side saw the others silent (a partition "
                     "between the nodes alone, or ranks waiting on each other)\n")
         return ""
+
+
+def _signal_pipe() -> int | None:
+    """The read end of a pipe the interpreter writes each arriving signal's number to, or None
+    where it cannot be set (not the main thread)."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    try:
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    except ValueError:
+        os.close(read)
+        os.close(write)
+        return None
+    return read
 
 
 def slurm_controller(conf: str | None = None) -> tuple[str, int] | None:

@@ -159,6 +159,10 @@ def test_a_node_slurm_declares_failed_is_named_and_the_requeued_job_resumes(
         assert said in log, log[-3000:]
         assert "SIGTERM (preemption or scancel)" not in log
         assert "resumed from" in log
+        # Rank 0, alive on the node that answered and stuck waiting for rank 1, left its stack
+        # when Slurm's SIGTERM came (the rerun moved that hang/ aside to hang.N/).
+        stacks = [p.read_text() for p in run_dir.glob("hang*/rank-0.txt")]
+        assert any("got SIGTERM after" in text for text in stacks), stacks
         steps = [r["step"] for r in records(run_dir) if r["kind"] == "step"]
         assert set(steps) == set(range(1, REQUEUE_STEPS + 1)), steps
         (row,) = harvest.harvest([run_dir], query_slurm=False)

@@ -82,3 +82,37 @@ def test_a_silent_rank_is_still_named_silent(tmp_path: Path) -> None:
     summary, silent_nodes = _summary(tmp_path, {0: "reaches the Slurm controller at c:1"})
     assert "silent ranks (stopped, dead, or stuck where no thread runs): [1]" in summary
     assert "silent nodes: node2" in summary and silent_nodes == "node2\n"
+
+
+@pytest.mark.parametrize("stuck_s, dumps", [(60.0, True), (0.0, False)])
+def test_sigterm_finds_a_stuck_rank_and_it_leaves_its_stack(tmp_path, stuck_s, dumps) -> None:
+    """Slurm ending a job whose node failed sends the others SIGTERM, then SIGKILL KillWait
+    seconds later, while they wait in a collective (whose Python handler would run only once
+    it returns). A real SIGTERM to this process: the watchdog thread hears it through the
+    interpreter's wakeup pipe and, the rank having made no progress for a minute, writes its
+    stack into hang/ at once; a rank making progress (a preemption) writes nothing."""
+    import os
+    import signal
+    import time
+
+    heard = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: heard.append(1))  # as train/stop.py's
+    watchdog = Watchdog(tmp_path, 0, 2, factor=10, floor_s=1e6, ceiling_s=1e6)
+    try:
+        watchdog.beat(step=7)
+        watchdog._last -= stuck_s
+        os.kill(os.getpid(), signal.SIGTERM)
+        stack = tmp_path / "hang" / "rank-0.txt"
+        deadline = time.monotonic() + (5 if dumps else 1.5)
+        while not stack.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert heard == [1]  # the process's own handler still ran
+        assert stack.exists() == dumps
+        if dumps:
+            text = stack.read_text()
+            assert text.startswith("train: rank 0 on "), text
+            assert "got SIGTERM after 60 s without progress (after step 7)" in text, text
+            assert "test_sigterm_finds" in text, text  # the main thread's stack, where it waits
+    finally:
+        watchdog.stop()
+        signal.signal(signal.SIGTERM, previous)
