@@ -564,6 +564,7 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None],
             line = throughput.record(step, result, lr, last_loss, phases)
             log(line)
         if step == cfg.steps or (cfg.eval_interval and step % cfg.eval_interval == 0):
+            watchdog.grace()  # the first one compiles its graph (train.compile): not a hang
             last_val = evaluate(t.model, t.data, t.exp, strategy, t.precision, t.batch_size)
             metrics.write("eval", step=step, val_loss=last_val)
             log(f"train: step {step} val_loss {last_val:.4f}")

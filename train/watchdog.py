@@ -68,6 +68,7 @@ class Watchdog:
         self.step = 0
         self._last = time.monotonic()
         self._step_times: list[float] = []
+        self._grace = False
         self._done = threading.Event()
         self._signals = _signal_pipe()
         self._record_where_this_rank_runs(placement or {})
@@ -77,13 +78,19 @@ class Watchdog:
     def beat(self, step: int | None = None, step_time_s: float | None = None) -> None:
         """Progress: a step finished (with its time), or an evaluation or checkpoint did."""
         self._last = time.monotonic()
+        self._grace = False
         if step is not None:
             self.step = step
         if step_time_s is not None:
             self._step_times.append(step_time_s)
 
+    def grace(self) -> None:
+        """Until the next beat, the bound is the ceiling: for work slower than a step that is
+        not a hang (an evaluation, whose first run under train.compile compiles its graph)."""
+        self._grace = True
+
     def bound_s(self) -> float:
-        if len(self._step_times) < 3:
+        if len(self._step_times) < 3 or self._grace:
             return self.ceiling_s
         median = statistics.median(self._step_times[-100:])
         return min(self.ceiling_s, max(self.factor * median, self.floor_s))
@@ -114,10 +121,10 @@ class Watchdog:
             if self._signals is None:
                 self._done.wait(0.5)
             elif select.select([self._signals], [], [], 0.5)[0]:
-                if signal.SIGTERM in os.read(self._signals, 64):
+                if signal.SIGTERM in os.read(self._signals, 64) and not self._done.is_set():
                     self._terminated()
             idle = time.monotonic() - self._last
-            if idle > self.bound_s():
+            if idle > self.bound_s() and not self._done.is_set():  # stopped while it waited
                 self._fire(idle)
 
     def _terminated(self) -> None:

@@ -116,3 +116,18 @@ def test_sigterm_finds_a_stuck_rank_and_it_leaves_its_stack(tmp_path, stuck_s, d
     finally:
         watchdog.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_evaluation_is_bounded_by_the_ceiling_not_by_steps(tmp_path) -> None:
+    """The first evaluation under train.compile compiles its graph: a minute or more on a loaded
+    CPU, where 20 steps' worth is seconds. The loop calls grace() before it; the next beat
+    brings the step bound back (a CI run saw the watchdog end a compiling evaluation)."""
+    watchdog = Watchdog(tmp_path, 0, 1, factor=10, floor_s=0.1, ceiling_s=100)
+    watchdog.stop()
+    for step in (1, 2, 3):
+        watchdog.beat(step=step, step_time_s=0.01)
+    assert watchdog.bound_s() == pytest.approx(0.1)
+    watchdog.grace()
+    assert watchdog.bound_s() == 100
+    watchdog.beat()
+    assert watchdog.bound_s() == pytest.approx(0.1)
