@@ -8,8 +8,14 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-# The source tree: templates/, experiments/ and scripts/ live beside the package.
+# Where the hpcdp and train packages are (a checkout's root, or site-packages after a wheel):
+# what a job's ranks and `python -m train` get as PYTHONPATH.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES_DIR = PROJECT_ROOT / "templates"
-EXPERIMENTS_DIR = PROJECT_ROOT / "experiments"
+# What hpcdp reads besides code: a checkout's templates/, experiments/ and scripts/, or the copy
+# a wheel installs inside the package (pyproject.toml's hpcdp.shipped).
+DATA_ROOT = (PROJECT_ROOT if (PROJECT_ROOT / "templates" / "base.sbatch.j2").is_file()
+             else Path(__file__).resolve().parent / "shipped")
+TEMPLATES_DIR = DATA_ROOT / "templates"
+EXPERIMENTS_DIR = DATA_ROOT / "experiments"
 PROFILES_DIR = EXPERIMENTS_DIR / "profiles"
+SCRIPTS_DIR = DATA_ROOT / "scripts"

@@ -15,9 +15,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcdp import SCRIPTS_DIR
 from hpcdp.errors import UsageError
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "local-slurm.sh"
+SCRIPT = SCRIPTS_DIR / "local-slurm.sh"
 DEFAULT_CLUSTER_DIR = "/tmp/hpcdp-slurm"
 
 # The script's exit code when the cluster cannot start here (not root, a command missing).

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpcdp import PROJECT_ROOT
+from hpcdp import EXPERIMENTS_DIR
 from hpcdp.config import NetworkConfig
 from hpcdp.forecast.inputs import Fit, network_from_profile
 from hpcdp.forecast.model import Model
 from hpcdp.forecast.predict import predict
 
-PUBLISHED_FILE = PROJECT_ROOT / "experiments" / "forecast-published.yaml"
+PUBLISHED_FILE = EXPERIMENTS_DIR / "forecast-published.yaml"
 
 
 def published_checks(path: Path = PUBLISHED_FILE) -> list[dict]:
