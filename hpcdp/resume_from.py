@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcdp import run_lock
 from hpcdp.errors import UsageError
 from hpcdp.run_folder import CHECKPOINT_DIR, CHECKPOINT_NAME, EXPERIMENT_FILE, METRICS_FILE
 from hpcdp.strategies import StrategySpec
@@ -50,6 +51,7 @@ def read(run_dir: Path) -> EarlierRun:
     the CLI reads it to build the experiment and again to check the rendered job."""
     run_dir = Path(run_dir).expanduser().absolute()
     where = f"--resume-from {str(run_dir)!r}"
+    run_lock.refuse_if_training(run_dir, "--resume-from")
     if not (run_dir / EXPERIMENT_FILE).is_file():
         raise UsageError(f"{where} holds no {EXPERIMENT_FILE}: give a run folder hpcdp wrote "
                          "(OUT/EXPERIMENT/STRATEGY-Nn)")

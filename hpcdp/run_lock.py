@@ -107,6 +107,19 @@ def claim(run_dir: Path, job_id: str | None, wait_s: float | None = None,
     return handle
 
 
+def refuse_if_training(run_dir: Path, what: str) -> None:
+    """A run continued elsewhere (--resume-from, train.resume_from) must have ended: a live one
+    keeps writing checkpoints and deleting old ones, so the new run would take whichever was
+    newest when it started, and fork the run. Every way in checks it: the CLI before queuing,
+    the trainer when it starts (a script run by hand, `python -m train`)."""
+    owner = holder(run_dir)
+    if owner is not None:
+        stop = f"hpcdp cancel {owner.split()[1]}" if owner.startswith("job ") else "stop it"
+        raise RunFolderBusy(f"{what} {str(run_dir)!r} is still training ({owner}): a run "
+                            "started from it now would fork it at whichever checkpoint is "
+                            f"newest then; wait for it to end, or {stop}, then resume from it")
+
+
 def holder(run_dir: Path) -> str | None:
     """Who trains in RUN_DIR now ('job 123 (pid 456 on node1)'), or None when no one does."""
     lock = Path(run_dir) / LOCK_NAME

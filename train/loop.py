@@ -449,12 +449,16 @@ def _resume(t: Training, log: Callable[[str], None]) -> None:
         newest = checkpoint.newest_intact(t.out_dir, log)
         earlier = t.exp.train.resume_from
         if newest is None and earlier:
-            newest = checkpoint.newest_intact(Path(earlier), log)
-            if newest is None:
+            try:
+                run_lock.refuse_if_training(Path(earlier), "train.resume_from")
+                newest = checkpoint.newest_intact(Path(earlier), log)
+            except UsageError as exc:  # the run it continues is still training
+                refusal = str(exc)
+            if newest is not None:
+                log(f"train: continuing the run of {earlier} in {t.out_dir}")
+            elif refusal is None:
                 refusal = (f"train.resume_from {earlier!r} holds no intact checkpoint in "
                            f"{checkpoint.checkpoint_dir(Path(earlier))}")
-            else:
-                log(f"train: continuing the run of {earlier} in {t.out_dir}")
     found, refusal = t.strategy.broadcast_object((str(newest) if newest else None, refusal),
                                                  name="resume_checkpoint")
     if refusal:  # every rank ends; rank 0 says why
@@ -564,11 +568,7 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None],
             line = throughput.record(step, result, lr, last_loss, phases)
             log(line)
         if step == cfg.steps or (cfg.eval_interval and step % cfg.eval_interval == 0):
-            watchdog.grace()  # the first one compiles its graph (train.compile): not a hang
-            last_val = evaluate(t.model, t.data, t.exp, strategy, t.precision, t.batch_size)
-            metrics.write("eval", step=step, val_loss=last_val)
-            log(f"train: step {step} val_loss {last_val:.4f}")
-            watchdog.beat()
+            last_val = _evaluate(t, step, metrics, log, watchdog)
         if fault and fault.after_step(step, strategy.rank, lambda: stop.name is not None,
                                       watchdog.beat, fired_marker=t.out_dir / ".fault-fired"):
             stop.check_now()  # every rank paused at this step: agree on the stop here
@@ -593,6 +593,16 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None],
             "final_loss": last_loss, "final_val_loss": last_val,
             **throughput.summary(), "params_sha256": digest, "replicas_identical": identical,
             "memory": memory.summary(t.raw_model, t.optimizer, strategy, device)}
+
+
+def _evaluate(t: Training, step: int, metrics: MetricsWriter, log: Callable[[str], None],
+              watchdog: Watchdog) -> float:
+    watchdog.grace()  # the first evaluation compiles its graph (train.compile): not a hang
+    val = evaluate(t.model, t.data, t.exp, t.strategy, t.precision, t.batch_size)
+    metrics.write("eval", step=step, val_loss=val)
+    log(f"train: step {step} val_loss {val:.4f}")
+    watchdog.beat()
+    return val
 
 
 class Throughput:

@@ -124,3 +124,50 @@ def test_hpcdp_run_and_python_m_train_continue_the_same_way(ddp_run, tmp_path):
     assert steps_and_world(tmp_path / "hand")[0] == [done + 1]
     summary = json.loads((tmp_path / "hand" / "metrics.jsonl").read_text().splitlines()[-1])
     assert summary["kind"] == "summary" and summary["status"] == "completed"
+
+
+def test_a_run_still_training_is_not_resumed_from_at_any_way_in(tmp_path):
+    """Issue 48, item 2: a run continued while its source still trains would fork it, at
+    whichever checkpoint was newest when the new job started (the source meanwhile deletes old
+    ones). A source paused after step 2 with a checkpoint (HPCDP_FAULT=pause@2), holding its
+    folder: submit, run and `python -m train` (a rendered script by hand runs it) each refuse
+    in one line naming its trainer; nothing is written."""
+    import time
+
+    from hpcdp import run_lock
+
+    live = tmp_path / "live"
+    source = subprocess.Popen(
+        [sys.executable, "-m", "hpcdp", "run", "-s", "single-gpu", "--out", str(live),
+         *sets("data.corpus=synthetic", "train.eval_interval=0", "train.steps=50",
+               "train.checkpoint_interval=1")],
+        cwd=tmp_path, env={**os.environ, "HPCDP_FAULT": "pause@2"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = live / "smoke" / "single-gpu-1n"
+    try:
+        deadline = time.monotonic() + 180
+        while not (list(run_dir.glob("checkpoints/step-*"))
+                   and run_lock.holder(run_dir)):
+            assert source.poll() is None and time.monotonic() < deadline, "the source never paused"
+            time.sleep(0.5)
+        ways = {
+            "submit": [sys.executable, "-m", "hpcdp", "submit", "-s", "single-gpu",
+                       "--resume-from", str(run_dir), "--out", str(tmp_path / "a"), "--dry-run"],
+            "run": [sys.executable, "-m", "hpcdp", "run", "-s", "single-gpu", "--resume-from",
+                    str(run_dir), "--out", str(tmp_path / "b")],
+            "python -m train": [sys.executable, "-m", "train", "--experiment",
+                                str(run_dir / "experiment.yaml"), "--strategy", "single-gpu",
+                                "--out", str(tmp_path / "c"),
+                                *sets(f"train.resume_from={run_dir}")],
+        }
+        for way, argv in ways.items():
+            done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True,
+                                  timeout=300)
+            assert done.returncode == 2, (way, done.stdout[-1000:], done.stderr[-2000:])
+            (line,) = [x for x in done.stderr.splitlines() if "is still training" in x]
+            assert f"{str(run_dir)!r} is still training (pid " in line, (way, line)
+            assert "Traceback" not in done.stderr, (way, done.stderr)
+        assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    finally:
+        source.terminate()  # the paused run stops with a checkpoint
+        source.wait(timeout=120)
