@@ -37,8 +37,9 @@ _TASK_END = re.compile(r"^srun: error: (?P<node>[^:\s]+): tasks? (?P<ranks>[0-9]
 _OVER_LIMIT = re.compile(r"^slurmstepd(?:-(?P<node>[^:\s]+))?: error: (?:StepId=\S+ exceeded "
                          r"memory limit \((?P<used>\d+) > (?P<limit>\d+)\)"
                          r"|Detected \d+ oom[-_]kill event)", re.M | re.I)
-SIGKILL_EVIDENCE = ("killed by SIGKILL with no other cause in the log, as the kernel's "
-                    "out-of-memory killer does")
+SIGKILL_EVIDENCE = ("nothing else in the log explains the SIGKILL (no watchdog, time limit, "
+                    "cancel, preemption or node failure), and the kernel's out-of-memory killer "
+                    "sends one")
 # A SIGKILL for one of these reasons is not out of memory.
 _OTHER_KILLERS = re.compile(r"DUE TO TIME LIMIT|DUE TO PREEMPTION|DUE TO NODE FAIL|"
                             r"CANCELLED AT .* DUE TO|WATCHDOG|the progress watchdog|went silent|"
@@ -51,6 +52,8 @@ class OutOfMemory:
     """srun's task id(s): the ranks (SLURM_PROCID)."""
     node: str | None
     evidence: str
+    certain: bool = True
+    """Slurm or the kernel said so; False: read from a SIGKILL alone, so named as likely."""
 
     def line(self) -> str:
         parts = []
@@ -59,6 +62,9 @@ class OutOfMemory:
         if self.node:
             parts.append(f"on {self.node}")
         where = f" ({' '.join(parts)})" if parts else ""
+        if not self.certain:
+            return (f"killed by SIGKILL{where}: out of memory is the likely cause: "
+                    f"{self.evidence}; {OOM_ADVICE}")
         return f"out of memory{where}: {self.evidence}; {OOM_ADVICE}"
 
 
@@ -85,7 +91,7 @@ def out_of_memory(text: str, state: str | None = None) -> OutOfMemory | None:
                            "Slurm reports OUT_OF_MEMORY")
     first = ends[0] if ends else None
     if first and first["how"] == "Killed" and not _OTHER_KILLERS.search(text):
-        return OutOfMemory(first["ranks"], first["node"], SIGKILL_EVIDENCE)
+        return OutOfMemory(first["ranks"], first["node"], SIGKILL_EVIDENCE, certain=False)
     return None
 
 

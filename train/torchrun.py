@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(exc.failures)} rank(s) failed (their own lines are above)", file=sys.stderr)
         if code == 128 + signal.SIGKILL:  # no rank says anything when the kernel kills it
             from hpcdp.job_end import SIGKILL_EVIDENCE, OutOfMemory
-            said = OutOfMemory(str(rank), socket.gethostname(), SIGKILL_EVIDENCE).line()
+            said = OutOfMemory(str(rank), socket.gethostname(), SIGKILL_EVIDENCE,
+                                   certain=False).line()
             print(f"torchrun: {said}", file=sys.stderr)
         return code
     return 0

@@ -41,7 +41,8 @@ def hpcdp(*args: str, cwd: Path, env: dict[str, str], timeout: int = 300):
      r"out of memory \(rank 1 on node\d+\): the step used \d+\.\d GiB, over the job's memory "
      r"limit of 1\.0 GiB \(--mem\), and Slurm killed it"),
     ("sigkill", [], "kill@3:1",
-     r"out of memory \(rank 1 on node\d+\): killed by SIGKILL with no other cause in the log"),
+     r"killed by SIGKILL \(rank 1 on node\d+\): out of memory is the likely cause: nothing "
+     r"else in the log explains the SIGKILL"),
 ])
 def test_a_rank_out_of_memory_is_named_everywhere(slurm_cluster, tmp_path, how, extra, fault,
                                                    says):
