@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,7 +107,9 @@ def load_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     state = {name: torch.empty(tuple(md.size), dtype=md.properties.dtype)
              for name, md in wanted.items()}
     box = {"model": state}
-    dcp.load(box, checkpoint_id=str(path), no_dist=True)  # no process group: full tensors
+    with warnings.catch_warnings():  # its warning that no process group is set up: by design
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(box, checkpoint_id=str(path), no_dist=True)  # no process group: full tensors
     return box["model"], meta
 
 

@@ -93,6 +93,8 @@ def test_every_strategy_exports_what_it_trained(strategy, ranks, suffix, tmp_pat
     assert ckpt.exists()
     done = hpcdp("export", str(run_dir), "--to", str(tmp_path / "hf"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
+    # issue 48, item 8: reading shards without a process group is the design, not a warning
+    assert "torch.distributed is disabled" not in done.stderr, done.stderr
     folder = tmp_path / "hf"
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
             "hpcdp.json", "README.md"} <= {p.name for p in folder.iterdir()}
