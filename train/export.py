@@ -202,6 +202,11 @@ def export(run_dir: str, to: str, step: int | None = None, dtype: str = "fp32",
 
     state, meta = load_state(path)
     model, exp = model_from(meta, state, str(path))
+    if exp.data.tokenizer == "bytes":
+        # The model was built with GPT-2's habit, end-of-text = the last id; for bytes that is
+        # byte 0xFF, a real byte, and generate() would stop on it: no special tokens at all.
+        for config in (model.config, model.generation_config):
+            config.bos_token_id = config.eos_token_id = None
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -275,7 +280,8 @@ def sample(folder: str, prompt: str, max_new_tokens: int = 50, seed: int = 1234,
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=not greedy,
                              top_k=None if greedy else 50,
-                             pad_token_id=model.config.eos_token_id)
+                             pad_token_id=model.config.eos_token_id
+                             if model.config.eos_token_id is not None else 0)
     return tok.decode(out[0], skip_special_tokens=False)
 
 

@@ -100,6 +100,10 @@ def test_every_strategy_exports_what_it_trained(strategy, ranks, suffix, tmp_pat
             "hpcdp.json", "README.md"} <= {p.name for p in folder.iterdir()}
     record = json.loads((folder / "hpcdp.json").read_text())
     assert record["step"] == 6 and record["strategy"] == strategy
+    if record["tokenizer"] == "bytes":  # issue 48, item 7: byte 0xFF is a byte, no end-of-text
+        for name in ("config.json", "generation_config.json"):
+            said = json.loads((folder / name).read_text())
+            assert said.get("eos_token_id") is None and said.get("bos_token_id") is None, said
     assert record["saved_world_size"] == ranks and record["experiment"]["name"] == "smoke"
     assert "validation loss at this step" in (folder / "README.md").read_text()
     # Logits: transformers' own loading of the folder against the checkpoint's weights
