@@ -166,16 +166,17 @@ def _fallback_slurm_env() -> None:
         os.environ.update(cluster.slurm_env())
 
 
-def _claim_run_dirs(jobs, experiment: config.Experiment, args) -> None:
+def _claim_run_dirs(jobs, experiment: config.Experiment, args, queued: bool = True) -> None:
     """A run folder with an earlier run is continued only when trained alike (--fresh moves
-    it aside instead): checked for every job before anything is written."""
+    it aside instead), and a job is queued only where there is something to train: checked for
+    every job before anything is written."""
     from hpcdp import render, run_lock
 
     run_lock.check_free([job.run_dir for job in jobs])  # a live trainer's folder: never touched
     if args.fresh:
         render.move_aside(jobs)
     else:
-        render.check_continuable(jobs, experiment)
+        render.check_continuable(jobs, experiment, queued)
 
 
 def _check_horovod(jobs, profile: config.ClusterProfile, controller: str | None = None) -> None:
@@ -405,7 +406,7 @@ def cmd_run(args) -> int:
     jobs = _render_selection(args, profile, experiment, one_node_only=True)
     _check_resume_from(args, jobs)
     _check_horovod(jobs, profile, controller=local_run.HOROVOD_CONTROLLER)
-    _claim_run_dirs(jobs, experiment, args)
+    _claim_run_dirs(jobs, experiment, args, queued=False)
     render.write_jobs(jobs, experiment)  # the same scripts, for a later sbatch
     failed = []
     for job in jobs:

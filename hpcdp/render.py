@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import re
 import shlex
@@ -334,6 +335,20 @@ def holds_a_run(run_dir: Path) -> bool:
     return (run_dir / METRICS_FILE).exists() or any((run_dir / CHECKPOINT_DIR).glob("step-*"))
 
 
+def finished_at(run_dir: Path) -> int | None:
+    """The step a run in `run_dir` completed at (its last record, the summary, says so), or
+    None: not there, or not finished."""
+    try:
+        with open(run_dir / METRICS_FILE, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 65536))
+            last = f.read().decode("utf-8", "replace").strip().splitlines()[-1]
+        record = json.loads(last)
+    except (OSError, ValueError, IndexError):
+        return None
+    done = record.get("kind") == "summary" and record.get("status") == "completed"
+    return int(record["steps"]) if done and isinstance(record.get("steps"), int) else None
+
+
 def _earlier_settings(experiment_file: Path) -> dict[str, object]:
     """An earlier run's settings, with today's defaults for fields added since it was written
     (an older hpcdp's run folder must not differ in a setting it never had)."""
@@ -347,10 +362,13 @@ def _earlier_settings(experiment_file: Path) -> dict[str, object]:
         return _flat(raw)
 
 
-def check_continuable(jobs: list[RenderedJob], experiment: Experiment) -> None:
+def check_continuable(jobs: list[RenderedJob], experiment: Experiment,
+                      queued: bool = True) -> None:
     """Refuse to write into a run folder whose earlier run was trained otherwise: the rendered
-    script always resumes, so it would continue that run with other settings (or, after the
-    last step, silently do nothing). One line names the first difference and the ways out."""
+    script always resumes, so it would continue that run with other settings. One line names
+    the first difference and the ways out. queued (render, submit, compare: a job to wait for):
+    also refuse folders whose runs all finished already, which would train nothing; `hpcdp run`
+    starts at once, and its trainer says "nothing to do" as soon."""
     new = _flat(load_yaml_text(experiment_yaml(experiment)))
     for job in jobs:
         if not holds_a_run(job.run_dir):
@@ -365,6 +383,17 @@ def check_continuable(jobs: list[RenderedJob], experiment: Experiment) -> None:
                 f"{job.run_dir} holds a run trained with {k}={old.get(k)!r}, not "
                 f"{new.get(k)!r}{more}; resubmit it unchanged to continue it, add --fresh to "
                 "move it aside and start over, or give another --out")
+    finished = [(job, finished_at(job.run_dir)) for job in jobs]
+    if queued and jobs and all(step is not None and step >= experiment.train.steps
+                               for _, step in finished):
+        # Queued, it would train nothing and count as a resume (a campaign with some cells
+        # still to train goes on: its finished cells say so themselves).
+        job, step = finished[0]
+        where = str(job.run_dir) if len(jobs) == 1 else f"every run folder ({job.run_dir}, ...)"
+        raise UsageError(f"{where} already finished at step {step} (train.steps "
+                         f"{experiment.train.steps}): nothing to train; to train it further, "
+                         "continue it in another folder (--resume-from RUN_DIR --set "
+                         "train.steps=N --out OTHER), or add --fresh to start over")
 
 
 def move_aside(jobs: list[RenderedJob]) -> None:

@@ -230,6 +230,8 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
     band = (config.get("compare") or {}).get("equivalent_within") if isinstance(
         config.get("compare"), dict) else None
     settings = _compared_settings(config)
+    # A segment that trained no step (a run started again after its last step) is no resume.
+    trained = sum(s.first_step is not None for s in log.segments)
     return RunResult(
         run_dir=str(run_dir), experiment=header.get("experiment"),
         strategy=header.get("strategy"), nodes=header.get("nodes"),
@@ -240,8 +242,8 @@ def summarize_log(run_dir: Path, log: MetricsLog) -> RunResult:
         state="UNKNOWN", state_source="log",
         exit_code=None, steps=len(order), last_step=step_of[order[-1]] if order else None,
         planned_steps=planned if isinstance(planned, int) else None,
-        segments=len(log.segments),
-        restarts=max([len(log.segments) - 1] + [
+        segments=max(1, trained) if log.segments else 0,
+        restarts=max([trained - 1] + [
             s.header.get("restart_count") for s in log.segments
             if isinstance(s.header.get("restart_count"), int)]),
         corrupt_lines=log.corrupt_lines, truncated=log.truncated,

@@ -83,6 +83,18 @@ def test_a_finished_run_folder_is_not_continued_with_other_settings(tmp_path):
     # Only how often it logs: the same run, continued (here: already at its last step).
     same = hpcdp_run("--set", "train.log_interval=2")
     assert same.returncode == 0 and "nothing to do" in same.stdout
+    # issue 48, item 12: that start trained nothing, so it is no resume in harvest; and a job
+    # that would train nothing is not queued (render, submit): said at once instead
+    from hpcdp import harvest
+
+    assert harvest.harvest([run_dir], query_slurm=False)[0].restarts == 0
+    for command in ("submit", "render"):
+        queued = subprocess.run([sys.executable, "-m", "hpcdp", command, "--strategy",
+                                 "single-gpu", "--out", str(tmp_path / "runs"), *FAST],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert queued.returncode == 2, (command, queued.stdout, queued.stderr)
+        (line,) = queued.stderr.strip().splitlines()
+        assert "already finished at step 5 (train.steps 5): nothing to train" in line, line
     fresh = hpcdp_run("--set", "train.steps=9", "--fresh")
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     (old,) = run_dir.parent.glob("single-gpu-1n.old-*")
