@@ -97,7 +97,7 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
         return out
     tokens_per_step, scale = scaled
     scale *= compute_scale
-    if fit.exposed_s is None or comm_fit.total == 0:  # a window not measured moves with compute
+    if not (fit.exposed_s and comm_fit.total > 0):  # a window not measured moves with compute
         window *= scale
     compute *= scale
     comm = comm_terms(spec, fit.model, net, nodes, ranks_per_node, fit.reshard_after_forward,

@@ -181,7 +181,7 @@ def test_a_node_slurm_declares_failed_is_named_and_the_requeued_job_resumes(
                 "NODE_FAIL)") in followed, followed
 
 
-SLOW_STEPS, SLOW_AT = 20, 14  # in the second half of the run's steady steps
+SLOW_STEPS, SLOW_AT = 16, 10  # in the second half of the run's steady steps (3-9, 10-16)
 
 
 def _job_nodes(job_id: str) -> list[str]:
@@ -195,16 +195,16 @@ def _job_nodes(job_id: str) -> list[str]:
 
 def test_a_link_slowed_mid_campaign_shows_in_its_drift_and_the_verdict_calls_no_winner(
         slurm_cluster, tmp_path):
-    """A campaign of DDP in fp32 and bf16 on 2 nodes (one transport: one probe at the start,
-    one at the end); late in its first cell, its nodes' links go from the default rate to a
-    quarter of it. The probes' drift shows it, the run it happened under is unsettled (its
+    """A campaign of DDP in fp32 and bf16 on 2 nodes, one run each (one transport: one probe at
+    the start, one at the end); late in its first cell, its nodes' links go from the default
+    rate to a quarter of it. The probes' drift shows it, the run it happened under is unsettled (its
     second half slower than its first), and the verdict on 2 nodes names the change and calls
     no winner: which cell ran before the change is the campaign's order, not the strategy."""
     if cluster.network_mode() != "namespaces":
         pytest.skip("the cluster runs without its node network here: no link to slow")
     done = subprocess.run(
         [sys.executable, "-m", "hpcdp", "compare", "--out", str(tmp_path / "runs"),
-         "--repeats", "2", *sets("matrix.strategies=[distributed-ps,distributed-ps-apex]",
+         "--repeats", "1", *sets("matrix.strategies=[distributed-ps,distributed-ps-apex]",
                                  "matrix.nodes=[2]", f"train.steps={SLOW_STEPS}",
                                  "train.log_interval=1",
                                  "train.eval_interval=0", "train.checkpoint_interval=0")],
