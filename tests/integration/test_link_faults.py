@@ -197,7 +197,12 @@ def test_a_node_slurm_declares_failed_is_named_and_the_requeued_job_resumes(
                 "NODE_FAIL)") in followed, followed
 
 
-SLOW_STEPS, SLOW_AT = 16, 10  # in the second half of the run's steady steps (3-9, 10-16)
+# The run's steady steps are 3-16, halves 3-9 and 10-16. Seen at step 6, the slower link is in
+# force from step 7 at the earliest: the first half keeps its median (4 of 7 steps fast). The
+# second half is slow wherever the change lands by step 13 (a median of 7 needs 4), which leaves
+# the test 6 steps to notice and set it on a loaded machine. Seen at step 10 instead, it once
+# landed after step 13 and the run was not unsettled.
+SLOW_STEPS, SLOW_AT = 16, 6
 
 
 def _job_nodes(job_id: str) -> list[str]:
@@ -212,7 +217,7 @@ def _job_nodes(job_id: str) -> list[str]:
 def test_a_link_slowed_mid_campaign_shows_in_its_drift_and_the_verdict_calls_no_winner(
         slurm_cluster, tmp_path):
     """A campaign of DDP in fp32 and bf16 on 2 nodes, one run each (one transport: one probe at
-    the start, one at the end); late in its first cell, its nodes' links go from the default
+    the start, one at the end); midway through its first cell, its nodes' links go from the default
     rate to a quarter of it. The probes' drift shows it, the run it happened under is unsettled (its
     second half slower than its first), and the verdict on 2 nodes names the change and calls
     no winner: which cell ran before the change is the campaign's order, not the strategy."""
