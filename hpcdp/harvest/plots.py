@@ -1,4 +1,4 @@
-"""The figures: throughput vs nodes (per strategy), loss vs training time (per run), and memory
+"""The figures: throughput vs nodes (per strategy), loss vs training time (per cell), and memory
 per rank against throughput (per node count: the trade sharding makes).
 
 matplotlib is imported here only, when a figure is drawn, and through its object API with the
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hpcdp.errors import UsageError
 from hpcdp.harvest import stats
-from hpcdp.harvest.table import RunResult, short_name
+from hpcdp.harvest.table import RunResult
 
 
 def _figure():
@@ -130,20 +130,33 @@ def memory_vs_throughput(results: list[RunResult], path: Path) -> Path | None:
     return path
 
 
+LEGEND_ROWS = 20  # a longer legend goes into more columns, so the image keeps its height
+
+
 def loss_vs_time(results: list[RunResult], path: Path, target_loss: float | None) -> Path:
     """Training loss against training time, one line per run (the paper's comparison)."""
+    loss_vs_time_figure(results, target_loss).savefig(path, bbox_inches="tight")
+    return path
+
+
+def loss_vs_time_figure(results: list[RunResult], target_loss: float | None):
+    """One colour and one legend entry per cell (strategy, precision, nodes): a campaign's
+    repeats share theirs, so that 300 runs make a legend of their cells, not of 300 lines."""
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
-    labels = [_label(r, with_nodes=True) for r in results]
-    drawn = 0
-    for r, label in zip(results, labels):
-        if not r.curve_loss:
-            continue
-        if labels.count(label) > 1:  # two runs of one configuration: name their folders
-            label += f" ({short_name(r.run_dir, [Path(x.run_dir) for x in results])})"
-        ax.plot(r.curve_time_s, r.curve_loss, linewidth=1.0,
-                label=label)
-        drawn += 1
+    cells: dict[str, list[RunResult]] = {}
+    for r in results:
+        if r.curve_loss:
+            cells.setdefault(_label(r, with_nodes=True), []).append(r)
+    colours = [f"C{i}" for i in range(10)]
+    styles = ["-", "--", ":", "-."]  # past ten cells, the colours repeat with another line
+    for i, (label, runs) in enumerate(cells.items()):
+        colour, style = colours[i % len(colours)], styles[(i // len(colours)) % len(styles)]
+        for j, r in enumerate(runs):
+            ax.plot(r.curve_time_s, r.curve_loss, linewidth=1.0, color=colour, linestyle=style,
+                    alpha=1.0 if len(runs) == 1 else 0.6,
+                    label=(f"{label} ({len(runs)} runs)" if len(runs) > 1 else label)
+                    if j == 0 else None)
     if target_loss is not None:
         ax.axhline(target_loss, linestyle="--", color="grey", linewidth=0.8,
                    label=f"target {target_loss:.3f}")
@@ -151,7 +164,8 @@ def loss_vs_time(results: list[RunResult], path: Path, target_loss: float | None
     ax.set_ylabel("training loss")
     ax.set_title("Loss vs time")
     ax.grid(True, alpha=0.3)
-    if drawn:  # beside the axes: with a dozen runs it would hide the curves
-        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(path, bbox_inches="tight")
-    return path
+    if cells:  # beside the axes: with a dozen runs it would hide the curves
+        entries = len(cells) + (target_loss is not None)
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  ncol=-(-entries // LEGEND_ROWS))
+    return fig

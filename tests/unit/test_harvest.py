@@ -390,6 +390,27 @@ def test_out_dir_writes_tables_and_plots(matrix, tmp_path, capsys):
     assert json.loads((out / "runs.json").read_text())["runs"][1]["strategy"] == "distributed-ps"
 
 
+def test_loss_vs_time_names_cells_not_runs_and_keeps_its_size_at_300_runs(tmp_path):
+    """Issue 48, item 11: 300 runs made a legend of 300 entries, a 1088 x 5712 px image."""
+    import dataclasses
+    import struct
+
+    from hpcdp.harvest import plots
+
+    base = run_one(simple_run(tmp_path / "a", "single-gpu", 1, 1, tps=1000.0))
+    runs = [dataclasses.replace(base, strategy=f"s{cell % 15}", nodes=1 + cell // 15,
+                                world_size=1 + cell // 15, curve_time_s=[0.0, 1.0 + rep],
+                                curve_loss=[5.0, 4.0 - 0.01 * rep])
+            for cell in range(30) for rep in range(10)]
+    fig = plots.loss_vs_time_figure(runs, target_loss=4.5)
+    entries = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert len(entries) == 31 and entries[0] == "s0 1n (10 runs)" and entries[-1] == \
+        "target 4.500"
+    plots.loss_vs_time(runs, tmp_path / "loss.png", 4.5)
+    width, height = struct.unpack(">II", (tmp_path / "loss.png").read_bytes()[16:24])
+    assert width <= 1600 and height <= 800, (width, height)
+
+
 def test_memory_per_rank_is_the_largest_segment_and_is_plotted_against_throughput(tmp_path):
     root = tmp_path / "runs"
     for name, tps, peak in (("single-gpu", 1000.0, 3e9), ("distributed-ps", 1800.0, 5e9)):
