@@ -126,7 +126,7 @@ def _render_selection(args, profile, experiment, scripts_dir: Path | None = None
 # ---------------------------------------------------------------------------------- commands
 
 def cmd_render(args) -> int:
-    from hpcdp import render
+    from hpcdp import render, submit
 
     profile, experiment = _load(args)
     scripts_dir = Path(args.scripts_dir) if args.scripts_dir else None
@@ -136,9 +136,10 @@ def cmd_render(args) -> int:
         for job in jobs:
             sys.stdout.write(job.text)
         return 0
-    _claim_run_dirs(jobs, experiment, args)
+    _prepare_run_folders(jobs, experiment, args)
     render.write_jobs(jobs, experiment)
     for job in jobs:
+        submit.record_rendered(job, profile.name, experiment.name)  # jobs run from it by hand
         print(job.script_path)
     return 0
 
@@ -166,7 +167,7 @@ def _fallback_slurm_env() -> None:
         os.environ.update(cluster.slurm_env())
 
 
-def _claim_run_dirs(jobs, experiment: config.Experiment, args, queued: bool = True) -> None:
+def _prepare_run_folders(jobs, experiment: config.Experiment, args, queued: bool = True) -> None:
     """A run folder with an earlier run is continued only when trained alike (--fresh moves
     it aside instead), and a job is queued only where there is something to train: checked for
     every job before anything is written."""
@@ -252,9 +253,9 @@ def cmd_submit(args) -> int:
     records: list[dict] = []
     # Check, write and submit under each run folder's lock: of two submits into one folder
     # at the same moment, the second finds the first's job and is refused.
-    with submit.claiming([job.run_dir for job in ordered]):
+    with submit.submit_lock([job.run_dir for job in ordered]):
         submit.check_run_dirs_free(jobs)
-        _claim_run_dirs(jobs, experiment, args)
+        _prepare_run_folders(jobs, experiment, args)
         take_back = render.write_jobs(ordered, experiment)
         for i, job in enumerate(ordered):
             try:
@@ -361,7 +362,7 @@ def cmd_compare(args) -> int:
         _check_partition_fits([plan.job], profile)
         _check_run_folders_visible([plan.folder], profile)
     # Check, write and submit under the folder's lock (see cmd_submit).
-    with submit.claiming([plan.folder]):
+    with submit.submit_lock([plan.folder]):
         if not args.render:
             submit.check_run_dirs_free([plan.job])
         run_lock.check_free([plan.folder])  # a trainer in it or in one of its cells
@@ -371,6 +372,7 @@ def cmd_compare(args) -> int:
             render.check_continuable(jobs, experiment)
         take_back = campaign.write(plan)
         if args.render:  # the whole campaign on disk, for plain sbatch
+            submit.record_rendered(plan.job, profile.name, experiment.name, label="compare")
             print(f"wrote the campaign of {len(plan.cells)} cells to {plan.folder}: "
                   f"{campaign.SCRIPT_NAME}, campaign.json and every cell's and probe's script")
             print(f"  run it with: sbatch {shlex.quote(str(plan.job.script_path))}")
@@ -406,7 +408,7 @@ def cmd_run(args) -> int:
     jobs = _render_selection(args, profile, experiment, one_node_only=True)
     _check_resume_from(args, jobs)
     _check_horovod(jobs, profile, controller=local_run.HOROVOD_CONTROLLER)
-    _claim_run_dirs(jobs, experiment, args, queued=False)
+    _prepare_run_folders(jobs, experiment, args, queued=False)
     render.write_jobs(jobs, experiment)  # the same scripts, for a later sbatch
     failed = []
     for job in jobs:
@@ -459,8 +461,8 @@ def _record_of(job_id: str, records: list[dict]) -> dict:
     found = [r for r in records if r["job_id"] == job_id]
     if not found:
         known = ", ".join(r["job_id"] for r in records[-5:]) or "none yet"
-        raise UsageError(f"job {job_id!r} was not submitted by hpcdp (records: "
-                         f"{submit.state_file()}; latest: {known})")
+        raise UsageError(f"job {job_id!r} was neither submitted by hpcdp nor started from a "
+                         f"script it rendered (records: {submit.state_file()}; latest: {known})")
     return found[-1]
 
 
@@ -558,15 +560,17 @@ def _status_frame(records: list[dict], infos, as_json: bool,
         why = (_why_ended(record, info.state, info.exit_code)
                if info and info.state in slurm.TERMINAL_STATES else None)
         requeued = _why_requeued(record, info)
-        lines.append("; ".join(filter(None, [done.line() if done else None, requeued, why]))
-                     or None)
+        by_hand = "started by hand (sbatch)" if record.get("by_hand") else None
+        lines.append("; ".join(filter(None, [by_hand, done.line() if done else None, requeued,
+                                             why])) or None)
         rows.append({**record, "state": info.state if info else "UNKNOWN",
                      "reason": info.reason if info else None,
                      "exit_code": info.exit_code if info else None,
-                     "elapsed_s": info.elapsed_s if info else None,
+                     "elapsed_s": info.run_elapsed_s if info else None,  # requeues included
+                     "segment_elapsed_s": info.elapsed_s if info else None,
                      "restarts": info.restarts if info else None,
                      "progress": done.to_dict() if done else None, "why": why,
-                     "requeued": requeued})
+                     "requeued": requeued, "by_hand": bool(record.get("by_hand"))})
     if infos.accounting_available is False:
         notes.append(f"hpcdp: sacct is unavailable ({infos.accounting_message}); ended jobs "
                      "show UNKNOWN")
@@ -731,7 +735,7 @@ MODEL_COMMANDS = {
     "sample": "continue a prompt with an exported model: DIR --prompt TEXT "
               "[--max-new-tokens N] [--greedy]",
     "eval": "perplexity on the run's held-out tokens, by transformers: RUN_DIR|DIR [--step N] "
-            "[--json]",
+            "[--precision run|fp32] [--json]",
 }
 
 

@@ -68,6 +68,9 @@ class JobInfo:
     end: str | None = None
     restarts: int | None = None
     """Requeues: squeue's RestartCnt, or the number of earlier sacct records (--duplicates)."""
+    earlier_elapsed_s: float = 0.0
+    """Time of the segments before a requeue (sacct --duplicates): the run's time is
+    `run_elapsed_s`, elapsed_s is the current segment's only."""
     max_rss: str | None = None
     """Largest MaxRSS over the job's steps, as sacct prints it (e.g. "10524K"); None if unset."""
     source: Literal["squeue", "sacct", "none"] = "none"
@@ -77,6 +80,11 @@ class JobInfo:
     """The state exactly as Slurm printed it, e.g. "CANCELLED by 0"."""
     reason: str | None = None
     """Why a live job waits (squeue's Reason, e.g. PartitionNodeLimit); None when it does not."""
+
+    @property
+    def run_elapsed_s(self) -> float | None:
+        """The job's time over every segment, requeues included."""
+        return None if self.elapsed_s is None else self.elapsed_s + self.earlier_elapsed_s
 
     def shown_state(self) -> str:
         """The state, with Slurm's reason while it is pending: "PENDING (Resources)"."""
@@ -209,6 +217,7 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
     for job_id, runs in records.items():
         final = runs[-1]
         final.restarts = len(runs) - 1
+        final.earlier_elapsed_s = sum(r.elapsed_s or 0.0 for r in runs[:-1])
         jobs[job_id] = final
     return jobs
 
@@ -275,6 +284,10 @@ def query_jobs(job_ids: Iterable[str], env: Mapping[str, str] | None = None) -> 
     live, squeue_ok = squeue(ids, env)
     rest = [j for j in ids if j not in live]
     ended, available, reason = sacct(rest, env) if rest else ({}, None, "")
+    requeued = [j for j, info in live.items() if info.restarts]
+    if requeued:  # squeue knows the current segment's time only; sacct the earlier ones'
+        for job_id, record in sacct(requeued, env)[0].items():
+            live[job_id].earlier_elapsed_s = record.earlier_elapsed_s
     table = merge(ids, live, squeue_ok, ended)
     table.accounting_available = available
     table.accounting_message = reason

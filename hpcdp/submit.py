@@ -158,7 +158,7 @@ CLAIM_WAIT_S = 60.0
 
 
 @contextlib.contextmanager
-def claiming(run_dirs: list[Path]):
+def submit_lock(run_dirs: list[Path]):
     """Hold the submit lock of each run folder while it is checked, written and submitted: two
     `hpcdp submit`s into one folder at the same moment run one after the other, and the second
     then finds the first's job and is refused (check_run_dirs_free). The locks live in the
@@ -213,12 +213,58 @@ def check_run_dirs_free(jobs: list[RenderedJob]) -> None:
                 f"for it, `scancel {job_id}`, or give another --out")
 
 
+def rendered_file() -> Path:
+    """The scripts hpcdp wrote for plain sbatch (render, compare --render), one JSON line each:
+    a job started from one by hand writes its log into the run folder, where read_records
+    finds it."""
+    return state_file().parent / "rendered.jsonl"
+
+
+def record_rendered(job: RenderedJob, cluster: str, experiment: str,
+                    label: str | None = None) -> None:
+    """Remember a script written for plain sbatch, so that `hpcdp status`, `logs` and `cancel`
+    know the jobs started from it by hand (the run folder knows them; hpcdp did not see them)."""
+    record = {"run_dir": str(job.run_dir), "script": str(job.script_path),
+              "experiment": experiment, "strategy": label or job.strategy.name,
+              "nodes": job.nodes, "tasks_per_node": job.tasks_per_node, "cluster": cluster,
+              "rendered_at": time.time(), "project": PROJECT}
+    path = rendered_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
 def read_records() -> list[dict]:
-    path = state_file()
-    if not path.exists():
+    """Every job hpcdp knows, oldest first: those it submitted, and those started by hand from
+    a script it rendered ("by_hand": true)."""
+    submitted = _read_json_lines(state_file())
+    return sorted(submitted + _started_by_hand(submitted), key=lambda r: r.get("submitted_at", 0.0))
+
+
+def _started_by_hand(submitted: list[dict]) -> list[dict]:
+    """The jobs whose logs (slurm-JOB.out) are in a rendered script's run folder and that
+    hpcdp did not submit. Their time is the script's: sbatch's own is not in the folder."""
+    known = {r["job_id"] for r in submitted}
+    rendered = {r["run_dir"]: r for r in _read_json_lines(rendered_file())}  # newest per folder
+    found = []
+    prefix, suffix = slurm.JOB_LOG.split("{job_id}")
+    for run_dir, record in rendered.items():
+        for log in sorted(Path(run_dir).glob(slurm.job_log_name("*"))):
+            job_id = log.name[len(prefix):len(log.name) - len(suffix)]
+            if job_id.isdigit() and job_id not in known:
+                found.append({**{k: v for k, v in record.items() if k != "rendered_at"},
+                              "job_id": job_id, "log": str(log), "by_hand": True,
+                              "submitted_at": record["rendered_at"]})
+    return sorted(found, key=lambda r: (r["submitted_at"], int(r["job_id"])))
+
+
+def _read_json_lines(path: Path) -> list[dict]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
         return []
     records = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:

@@ -169,6 +169,14 @@ def test_strong_scaling_gives_one_global_batch_and_the_same_losses(slurm_cluster
     record = json.loads((folder / "campaign.json").read_text())
     assert record["baseline"] == record["baseline_end"] == []  # compare.network_baseline false
     assert not (folder / "baseline").exists()
+    # hpcdp did not submit it, and knows it from the folder it rendered (issue 48, item 13).
+    status = subprocess.run([sys.executable, "-m", "hpcdp", "status", "--json"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    (row,) = [r for r in json.loads(status.stdout) if r["job_id"] == job_id]
+    assert (row["state"], row["by_hand"], row["strategy"]) == ("COMPLETED", True, "compare"), row
+    logs = subprocess.run([sys.executable, "-m", "hpcdp", "logs", job_id], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert logs.returncode == 0 and "hpcdp: campaign finished" in logs.stdout, logs.stderr
 
 
 def _alloc_cpus(job_id: str) -> list[tuple[str, str]]:

@@ -154,9 +154,12 @@ def test_another_checkouts_job_is_neither_shown_nor_cancelled_by_cancel_all(slur
             slurm.cancel(ids)
 
 
+NOT_HPCDPS = "job '1' was neither submitted by hpcdp nor started from a script it rendered"
+
+
 @pytest.mark.parametrize("argv, says", [
-    (["logs", "1"], "job '1' was not submitted by hpcdp"),
-    (["cancel", "1"], "job '1' was not submitted by hpcdp"),
+    (["logs", "1"], NOT_HPCDPS),
+    (["cancel", "1"], NOT_HPCDPS),
     (["cancel"], "name job ids, or --all"),
 ])
 def test_jobs_hpcdp_did_not_submit_are_refused_in_one_line(slurm_cluster, tmp_path, argv, says):

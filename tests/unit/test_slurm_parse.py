@@ -77,7 +77,10 @@ def test_sacct_requeue_is_the_rerun_with_one_restart():
     job = slurm.parse_sacct(SACCT_FINISHED)["154353"]
     assert (job.state, job.restarts, job.start) == ("COMPLETED", 1, "2026-11-30T05:11:40")
     assert job.max_rss == "3236K"  # the rerun's step, not the first run's 3180K
-    assert slurm.parse_sacct(SACCT_FINISHED)["154350"].restarts == 0
+    # The run's time is both segments' (issue 48: status showed the last one's only).
+    assert (job.elapsed_s, job.run_elapsed_s) == (3.0, 7.0)
+    never = slurm.parse_sacct(SACCT_FINISHED)["154350"]
+    assert never.restarts == 0 and never.run_elapsed_s == never.elapsed_s
 
 
 def test_sacct_max_rss_is_the_largest_step():
