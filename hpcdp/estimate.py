@@ -18,12 +18,11 @@ nodes (cluster.gpus_per_node 0) without HPCDP_PEAK_FLOPS. No torch: the CLI call
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcdp import peaks, progress
+from hpcdp import peaks, run_folder
 from hpcdp.config import MODEL_PRESETS, ClusterProfile, Experiment
 from hpcdp.errors import one_line
 from hpcdp.run_folder import METRICS_FILE
@@ -95,11 +94,10 @@ def _earlier_step_times(root: Path, experiment: Experiment) -> dict[tuple, float
     """(strategy, nodes, world) -> median step time of the newest finished run like it."""
     found: dict[tuple, tuple[float, float]] = {}
     for metrics in root.rglob(METRICS_FILE) if root.is_dir() else []:
-        try:  # the first line and the last 64 KB, as `hpcdp status` reads them
-            head, tail = progress.head_and_tail(metrics)
-            header, summary = json.loads(head), json.loads(tail.splitlines()[-1])
-        except (OSError, ValueError, IndexError):
+        header, tail = run_folder.head_and_tail(metrics)  # as `hpcdp status` reads it
+        if not header or not tail:
             continue
+        summary = tail[-1]
         config = header.get("config") or {}
         train, model = config.get("train") or {}, config.get("model") or {}
         if (summary.get("kind") != "summary" or not summary.get("step_time_s_median")

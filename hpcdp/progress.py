@@ -14,10 +14,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hpcdp import run_folder
 from hpcdp.run_folder import METRICS_FILE
-
-TAIL_BYTES = 64 * 1024
-"""Enough for the last dozens of step records (each about 600 bytes)."""
 
 
 @dataclass(frozen=True)
@@ -57,41 +55,16 @@ def format_duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def _records(text: str) -> list[dict]:
-    out = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line cut by the tail, or one being written
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
-
-
-def head_and_tail(path: Path) -> tuple[str, str]:
-    with path.open("rb") as f:
-        head = f.readline().decode("utf-8", "replace")
-        size = f.seek(0, 2)
-        f.seek(max(0, size - TAIL_BYTES))
-        tail = f.read().decode("utf-8", "replace")
-    return head, tail
-
-
 def of_metrics(path: Path) -> Progress | None:
     """Progress of one run's metrics.jsonl; None when it has no header yet."""
-    try:
-        head, tail = head_and_tail(path)
-    except OSError:
-        return None
-    records = _records(tail)
+    head, records = run_folder.head_and_tail(path)  # the tail: the last dozens of steps
     # A resumed run appends a header per segment: the last one has the current settings, and
     # only the records after it are of this segment (elapsed_s restarts with each).
     starts = [i for i, r in enumerate(records) if r.get("kind") == "header"]
     if starts:
         header, records = records[starts[-1]], records[starts[-1] + 1:]
     else:
-        header = next(iter(_records(head)), {})
+        header = head or {}
     if header.get("kind") != "header":
         return None
     total = int(header.get("config", {}).get("train", {}).get("steps") or 0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import re
 import shlex
@@ -31,6 +30,7 @@ from hpcdp import (
     __version__,
     containers,
     distenv,
+    run_folder,
     shared_fs,
     slurm,
     strategies,
@@ -338,13 +338,10 @@ def holds_a_run(run_dir: Path) -> bool:
 def finished_at(run_dir: Path) -> int | None:
     """The step a run in `run_dir` completed at (its last record, the summary, says so), or
     None: not there, or not finished."""
-    try:
-        with open(run_dir / METRICS_FILE, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 65536))
-            last = f.read().decode("utf-8", "replace").strip().splitlines()[-1]
-        record = json.loads(last)
-    except (OSError, ValueError, IndexError):
+    _, tail = run_folder.head_and_tail(run_dir)
+    if not tail:
         return None
+    record = tail[-1]
     done = record.get("kind") == "summary" and record.get("status") == "completed"
     return int(record["steps"]) if done and isinstance(record.get("steps"), int) else None
 

@@ -19,11 +19,10 @@ micro-step divide over the new world."""
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcdp import run_lock
+from hpcdp import run_folder, run_lock
 from hpcdp.errors import UsageError
 from hpcdp.run_folder import CHECKPOINT_DIR, CHECKPOINT_NAME, EXPERIMENT_FILE, METRICS_FILE
 from hpcdp.strategies import StrategySpec
@@ -69,20 +68,8 @@ def read(run_dir: Path) -> EarlierRun:
 
 
 def _last_header(metrics: Path) -> dict | None:
-    header = None
-    try:
-        with metrics.open(encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if '"header"' in line:
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        continue
-                    if record.get("kind") == "header" and record.get("world_size"):
-                        header = record
-    except OSError:
-        return None
-    return header
+    headers = [r for r in run_folder.read_metrics(metrics, ("header",)) if r.get("world_size")]
+    return headers[-1] if headers else None
 
 
 def overrides(earlier: EarlierRun, world_size: int, given: dict) -> dict:

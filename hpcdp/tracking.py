@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcdp import run_folder
 from hpcdp.errors import UsageError
 from hpcdp.run_folder import METRICS_FILE
 
@@ -421,17 +422,14 @@ def replay(metrics_path: Path) -> tuple[dict, list[dict], dict | None]:
     """The first header, every step and eval (the last record of each step, in step order)
     and the last summary: what a tracker would have received had it run with the job."""
     header, summary, latest = None, None, {}
-    with open(metrics_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a kill (harvest reports those)
-            kind = record.get("kind") if isinstance(record, dict) else None
-            if kind == "header" and header is None:
-                header = record
-            elif kind in ("step", "eval") and isinstance(record.get("step"), int):
-                latest[(record["step"], kind == "eval")] = record
-            elif kind == "summary":
-                summary = record
+    if not Path(metrics_path).is_file():
+        raise FileNotFoundError(metrics_path)
+    for record in run_folder.read_metrics(metrics_path):  # lines cut by a kill: harvest says
+        kind = record["kind"]
+        if kind == "header" and header is None:
+            header = record
+        elif kind in ("step", "eval") and isinstance(record.get("step"), int):
+            latest[(record["step"], kind == "eval")] = record
+        elif kind == "summary":
+            summary = record
     return header or {}, [latest[k] for k in sorted(latest)], summary

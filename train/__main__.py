@@ -78,6 +78,9 @@ def add_model_commands(sub) -> None:
     ev.add_argument("--text", metavar="FILE",
                     help="instead: this text's perplexity (.jsonl: a \"text\" per line), "
                          "scored as lm-evaluation-harness's rolling loglikelihood does")
+    ev.add_argument("--precision", choices=("run", "fp32"), default="run",
+                    help="run (default): compute as the run evaluated (bf16 autocast for a bf16 "
+                         "run), so the loss is the one it logged; fp32: full precision")
     ev.add_argument("--json", action="store_true")
 
 
@@ -98,16 +101,28 @@ def run_model_command(args) -> int:
               f"{result['token_perplexity']:.3f} per token, {result['byte_perplexity']:.4f} "
               "per byte")
     else:
-        result = export.evaluate(args.source, args.step,
+        result = export.evaluate(args.source, args.step, args.precision,
                                  log=lambda line: print(line, file=sys.stderr))
         if args.json:
             print(json.dumps(result, indent=2))
         else:
-            logged = result["logged_val_loss"]
-            print(f"step {result['step']}: validation loss {result['val_loss']:.4f}, perplexity "
-                  f"{result['perplexity']:.2f} over {result['tokens']:,} held-out tokens"
-                  + (f" (the run logged {logged:.4f})" if logged is not None else ""))
+            print(_eval_line(result))
     return 0
+
+
+def _eval_line(result: dict) -> str:
+    """The loss, in which precision it was computed, and the run's own figure beside it: a bf16
+    run's loss computed in fp32 differs from the logged one by bf16's rounding (about 1e-3)."""
+    logged, computed, run = (result["logged_val_loss"], result["precision"],
+                             result["run_precision"])
+    line = (f"step {result['step']}: validation loss {result['val_loss']:.4f} ({computed}), "
+            f"perplexity {result['perplexity']:.2f} over {result['tokens']:,} held-out tokens")
+    if logged is None:
+        return line
+    if computed == run:
+        return line + f" (the run logged {logged:.4f})"
+    return (line + f" (the run logged {logged:.4f} in {run}: the difference is {run}'s "
+            "rounding; --precision run computes as the run did)")
 
 
 def _run_options(run: argparse.ArgumentParser) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from hpcdp.errors import UsageError
-from hpcdp.run_folder import CHECKPOINT_NAME, checkpoint_name
+from hpcdp.run_folder import CHECKPOINT_DIR, CHECKPOINT_NAME, checkpoint_name
 
 # torch is imported in the functions that use it: `hpcdp export`, `sample` and `eval` find and
 # check a run's checkpoints before they load torch, so their refusals take 0.3 s, not 5.
@@ -50,7 +50,7 @@ class CheckpointError(UsageError):
 
 
 def checkpoint_dir(out_dir: Path) -> Path:
-    return Path(out_dir) / "checkpoints"
+    return Path(out_dir) / CHECKPOINT_DIR
 
 
 def path_for(out_dir: Path, step: int, sharded: bool = False) -> Path:

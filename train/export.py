@@ -26,9 +26,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcdp import run_folder
 from hpcdp.config import Experiment, build
 from hpcdp.errors import UsageError
-from hpcdp.run_folder import METRICS_FILE
 from train import checkpoint
 from train.data import expected_vocab_size
 
@@ -131,16 +131,8 @@ def model_from(meta: dict[str, Any], state: dict[str, torch.Tensor], where: str)
 def _run_figures(run_dir: Path, step: int) -> dict[str, Any]:
     """What the run logged up to `step`: its loss there, validation loss, tokens, throughput."""
     figures: dict[str, Any] = {}
-    try:
-        lines = (run_dir / METRICS_FILE).read_text().splitlines()
-    except OSError:
-        return figures
     rates = []
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
+    for r in run_folder.read_metrics(run_dir):
         if r.get("kind") == "step" and r.get("step", 0) <= step:
             figures.update(loss=r.get("loss"), tokens_seen=r.get("tokens_seen"))
             if r.get("tokens_per_s"):
@@ -285,10 +277,14 @@ def sample(folder: str, prompt: str, max_new_tokens: int = 50, seed: int = 1234,
     return tok.decode(out[0], skip_special_tokens=False)
 
 
-def evaluate(source: str, step: int | None = None, log=print) -> dict[str, Any]:
+def evaluate(source: str, step: int | None = None, precision: str = "run",
+             log=print) -> dict[str, Any]:
     """Perplexity on the run's held-out split, from an exported folder by transformers: the
     tokens the loop's validation reads (every rank's eval_batches at the run's batch per rank,
-    averaged as the ranks averaged them), so the loss is the one the run logged at that step."""
+    averaged as the ranks averaged them), so the loss is the one the run logged at that step.
+    precision "run" computes under the run's autocast (a bf16 run's loss in bf16, as it was
+    logged), "fp32" in full precision; the weights are fp32 either way."""
+    import contextlib
     import tempfile
 
     from train.data import Batches, open_data
@@ -314,7 +310,11 @@ def evaluate(source: str, step: int | None = None, log=print) -> dict[str, Any]:
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
         data = open_data(exp)
         losses = []
-        with torch.no_grad():
+        run_precision = figures.get("precision") or "fp32"
+        computed = run_precision if precision == "run" else "fp32"
+        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(computed)
+        with torch.no_grad(), (torch.autocast("cpu", dtype=low) if low else
+                               contextlib.nullcontext()):
             for rank in range(world):
                 val = Batches(data, "val", exp.train.seq_len, batch, rank, world, exp.train.seed)
                 total = 0.0
@@ -327,7 +327,8 @@ def evaluate(source: str, step: int | None = None, log=print) -> dict[str, Any]:
         loss = sum(losses) / len(losses)
         return {"folder": str(folder), "step": record["step"], "val_loss": loss,
                 "perplexity": float(torch.exp(torch.tensor(loss))),
-                "logged_val_loss": figures.get("val_loss"),
+                "logged_val_loss": figures.get("val_loss"), "precision": computed,
+                "run_precision": run_precision,
                 "tokens": world * exp.train.eval_batches * batch * exp.train.seq_len}
     finally:
         if cleanup:

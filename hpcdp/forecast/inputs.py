@@ -4,15 +4,14 @@ precision from the campaign's run folders."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcdp import run_folder
 from hpcdp.config import MODEL_PRESETS, ClusterProfile, NetworkConfig, model_context
 from hpcdp.forecast.model import Model, Network, _numel, gpt2_shapes
-from hpcdp.run_folder import METRICS_FILE
 
 
 def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -168,18 +167,8 @@ def _median(values):
 
 def _phases(run_dir: Path) -> tuple[float | None, float | None, float | None]:
     """Median forward, backward and all-phases seconds of the later half of a run's steps."""
-    try:
-        lines = (run_dir / METRICS_FILE).read_text().splitlines()
-    except OSError:
-        return None, None, None
-    steps = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("kind") == "step" and isinstance(record.get("phases_s"), dict):
-            steps.append(record["phases_s"])
+    steps = [r["phases_s"] for r in run_folder.read_metrics(run_dir, ("step",))
+             if isinstance(r.get("phases_s"), dict)]
     later = steps[len(steps) // 2:]
     total = [sum(v for v in ph.values() if isinstance(v, (int, float))) for ph in later]
     return (_median([ph.get("forward") for ph in later]),
@@ -187,12 +176,8 @@ def _phases(run_dir: Path) -> tuple[float | None, float | None, float | None]:
 
 
 def _header(run_dir: Path) -> dict:
-    try:
-        with open(run_dir / METRICS_FILE) as f:
-            record = json.loads(f.readline())
-    except (OSError, ValueError):
-        return {}
-    return record if record.get("kind") == "header" else {}
+    head, _ = run_folder.head_and_tail(run_dir)
+    return head if head and head["kind"] == "header" else {}
 
 
 def model_of(header: dict) -> tuple[Model, list[tuple], bool]:

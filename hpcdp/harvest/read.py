@@ -15,14 +15,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcdp import job_end, slurm
+from hpcdp import job_end, run_folder, slurm
 from hpcdp.errors import UsageError
-from hpcdp.run_folder import METRICS_FILE
+from hpcdp.run_folder import CHECKPOINT_DIR, METRICS_FILE
 
 METRICS = METRICS_FILE
 # Directories that never hold a run's metrics: do not walk into them (the last three hold
 # trackers' files: hpcdp/tracking.py).
-_SKIP_DIRS = {"checkpoints", ".git", "__pycache__", ".venv", "node_modules", "tensorboard",
+_SKIP_DIRS = {CHECKPOINT_DIR, ".git", "__pycache__", ".venv", "node_modules", "tensorboard",
               "mlruns", "wandb"}
 
 
@@ -112,24 +112,11 @@ class MetricsLog:
         return {c.step[i]: {k: col[i] for k, col in zip(keys, cols)} for i in self.order}
 
 
-def _loads_fused(line: str) -> dict | None:
-    """A corrupt line may be a cut record with a whole one glued after it: find that one."""
-    start = line.find('{"', 1)
-    while start != -1:
-        try:
-            record = json.loads(line[start:])
-        except ValueError:
-            start = line.find('{"', start + 1)
-            continue
-        return record if isinstance(record, dict) and "kind" in record else None
-    return None
-
-
 # Speed (bench/harvest_bench.py): a step line exactly as train/metrics.py writes it (json.dumps,
 # keys in schema order) is matched by this pattern, which captures only the fields harvest
 # uses; the captured text is converted a column at a time. Any line it does not match (another
-# writer's key order, a header, a damaged record) goes through json.loads, so the pattern can
-# make reading faster, never different.
+# writer's key order, a header, a damaged record) goes through run_folder.record_of, so the
+# pattern can make reading faster, never different.
 _NUMBER = r"(-?[0-9][0-9.eE+-]*|null)"
 _STEP_LINE = re.compile(
     r'\{"kind": "step", "time": ' + _NUMBER + r', "step": ([0-9]+), "loss": ' + _NUMBER
@@ -208,21 +195,18 @@ class _Reader:
         return True
 
     def add_line(self, line: str, may_be_cut: bool = False) -> None:
-        """Any line, through json.loads: a record, or a corrupt line (one cut by a kill when
-        it is the file's unterminated last line), with a record glued behind it recovered."""
+        """Any line, through run_folder.record_of: a record, or a corrupt line (one cut by a kill
+        when it is the file's unterminated last line), with a record glued behind it recovered."""
         log = self.log
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if isinstance(record, dict) and "kind" in record:
+        record = run_folder.record_of(line)
+        if record is not None:
             self.add_record(record)
             return
         if may_be_cut:
             log.truncated = True  # the writer died mid-line: expected after a kill, said so
         else:
             log.corrupt_lines += 1
-        fused = _loads_fused(line)
+        fused = run_folder.recovered_from(line)
         if fused is not None:
             self.add_record(fused)
             log.recovered_records += 1

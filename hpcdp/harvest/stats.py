@@ -13,7 +13,7 @@ distribution-free, and says when n is too small to reach its level:
     min_p(n_x, n_y)                    the smallest p that test can give at these sizes
     family_level(cells)                each pair's confidence, so that all pairs hold at once
     decide(cells, nodes, ...)          the verdict of one node count: the leader against every
-                                       other cell, each claim corrected over every pair
+                                       other cell, each statement corrected over every pair
 
 scipy.stats is imported only by exact_p/min_p, so that the CLI starts fast. Calibration (false
 calls and power per n, simulated through this code): bench/verdict_calibration.py, table in
@@ -30,7 +30,7 @@ from functools import cache
 LEVEL = 0.95
 """Confidence of reported intervals."""
 ALPHA = 0.05
-"""Family-wise error of a verdict: the chance that any claim it prints (ahead of,
+"""Family-wise error of a verdict: the chance that any statement it prints (ahead of,
 equivalent; headline or partial) is wrong."""
 EQUIVALENT_WITHIN = 0.02
 """Default equivalence band (compare.equivalent_within): ratios within 1 +- this are 'no
@@ -189,7 +189,7 @@ def ratio_effect(x: Sequence[float], y: Sequence[float], level: float = LEVEL) -
 # --- the verdict of one node count ------------------------------------------------------------
 
 def pairs(cells: int) -> int:
-    """The claims a verdict could print: one per pair of cells. The leader is chosen from the
+    """The statements a verdict could print: one per pair of cells. The leader is chosen from the
     data, so any pair could end up compared; correcting over the leader's own comparisons alone
     let identical cells read "X ahead of Y" in up to 9% of campaigns (issue 36, item 8)."""
     return max(1, cells * (cells - 1) // 2)
@@ -197,7 +197,7 @@ def pairs(cells: int) -> int:
 
 def family_level(cells: int, alpha: float = ALPHA) -> float:
     """Confidence of each pair's interval (Bonferroni over every pair): with probability at
-    least 1 - alpha all the pairs' intervals hold at once, so every claim read off them (ahead,
+    least 1 - alpha all the pairs' intervals hold at once, so every statement read off them (ahead,
     equivalent, headline or partial) is wrong in at most alpha of verdicts together."""
     return 1.0 - alpha / pairs(cells)
 
@@ -336,7 +336,7 @@ def _headline(data: dict[str, list[float]], best: str, comparisons: list[Compari
               where: str, alpha: float, equivalent_within: float
               ) -> tuple[str, str, int | None]:
     """(outcome, sentence, runs per cell needed for a call) from the comparisons. Every
-    'faster' and 'equivalent' comparison is said, whatever the headline: each is a claim."""
+    'faster' and 'equivalent' comparison is said, whatever the headline: each is a statement."""
     n_runs = min(len(v) for v in data.values())
     need = needed_repeats(len(data), alpha)
     band = f"{equivalent_within:.0%}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,11 +49,12 @@ def single_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ddp_shakespeare(tmp_path_factory) -> tuple[Path, Path]:
-    """(run folder, prepared data) of DDP on 2 ranks over Shakespeare: real text, so that 6
-    steps move the validation loss well away from a random model's."""
+    """(run folder, prepared data) of DDP in bf16 on 2 ranks over Shakespeare: real text, so
+    that 6 steps move the validation loss well away from a random model's; mixed precision, so
+    that eval meets a run whose loss was computed in bf16 (issue 48, item 6)."""
     tmp = tmp_path_factory.mktemp("ddp")
     real = ["data.corpus=shakespeare", f"data.prepared_dir={tmp / 'prepared'}"]
-    return train(tmp, "distributed-ps", 2, *real), tmp / "prepared"
+    return train(tmp, "distributed-ps-apex", 2, *real), tmp / "prepared"
 
 
 def logged_val_loss(run_dir: Path, step: int) -> float:
@@ -77,13 +79,13 @@ def checkpoint_state(path: Path, tmp_path: Path) -> dict:
 # zero1 is left out: it is DDP with a sharded optimizer, and saves the model as DDP does (rank 0's
 # whole state in one .pt, train/strategies/zero.py); export reads only the model.
 @pytest.mark.parametrize("strategy,ranks,suffix", [
-    ("distributed-ps", 2, ".pt"), ("horovod", 2, ".pt"), ("fsdp", 4, ".dcp")])
+    ("distributed-ps-apex", 2, ".pt"), ("horovod", 2, ".pt"), ("fsdp", 4, ".dcp")])
 def test_every_strategy_exports_what_it_trained(strategy, ranks, suffix, tmp_path, request):
     if strategy == "horovod" and not horovod_importable():
         pytest.skip(SKIP_REASON)
     from transformers import GPT2LMHeadModel
 
-    if strategy == "distributed-ps":  # the run test_a_run_started_from_an_export reads too
+    if strategy == "distributed-ps-apex":  # the run test_a_run_started_from_an_export reads
         run_dir = request.getfixturevalue("ddp_shakespeare")[0]
     elif strategy == "horovod":  # tests/conftest.py's, which test_local_run.py resumes
         run_dir = request.getfixturevalue("local_horovod_run")["run_dir"]
@@ -117,11 +119,17 @@ def test_every_strategy_exports_what_it_trained(strategy, ranks, suffix, tmp_pat
     with torch.no_grad():
         diff = (exported(batch).logits - reference(batch).logits).abs().max().item()
     assert diff <= 1e-5
-    # hpcdp eval: the run's held-out tokens through the folder, the loss the run logged
+    # hpcdp eval: the run's held-out tokens through the folder, the loss the run logged, in
+    # the precision the run computed it (a bf16 run's in bf16)
     done = hpcdp("eval", str(folder), "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert result["val_loss"] == pytest.approx(logged_val_loss(run_dir, 6), abs=1e-4)
+    if record["figures"]["precision"] == "bf16":  # in fp32 it differs, and the line says why
+        done = hpcdp("eval", str(folder), "--precision", "fp32", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert re.search(r"validation loss \d\.\d{4} \(fp32\), .* \(the run logged \d\.\d{4} "
+                         r"in bf16: the difference is bf16's rounding", done.stdout), done.stdout
 
 
 def test_a_run_started_from_an_export_continues_at_its_loss(ddp_shakespeare, tmp_path):
@@ -135,7 +143,7 @@ def test_a_run_started_from_an_export_continues_at_its_loss(ddp_shakespeare, tmp
     assert said[0].stdout.startswith("ROMEO:") and len(said[0].stdout) > len("ROMEO:") + 10
     assert said[0].stdout == said[1].stdout
     # One step at a negligible learning rate: its evaluation sees the exported weights
-    second = train(tmp_path / "b", "distributed-ps", 2, *real,
+    second = train(tmp_path / "b", "distributed-ps-apex", 2, *real,
                    f"model.init_from={tmp_path / 'hf'}", "train.steps=1",
                    "train.eval_interval=1", "train.lr=1e-12", "train.min_lr=1e-12",
                    "train.checkpoint_interval=0")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpcdp import cli, progress, slurm
+from hpcdp import cli, progress, run_folder, slurm
 
 
 def header(steps: int, start: int = 0) -> dict:
@@ -43,7 +43,7 @@ def test_a_resumed_run_takes_the_last_header_and_a_cut_line_is_skipped(tmp_path)
 
 
 def test_only_the_tail_of_a_long_file_is_read(tmp_path, monkeypatch):
-    monkeypatch.setattr(progress, "TAIL_BYTES", 4096)
+    monkeypatch.setattr(run_folder, "TAIL_BYTES", 4096)
     records = [header(100_000)] + [step(n, n * 0.01) for n in range(1, 20_000)]
     path = write(tmp_path / "m.jsonl", records)
     assert path.stat().st_size > 100 * 4096
