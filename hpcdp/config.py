@@ -311,6 +311,16 @@ MODEL_PRESETS: dict[str, tuple[int, int, int, int]] = {
 MAX_CONTEXT = 1024  # GPT-2's position embeddings
 
 
+TOKENIZER_VOCAB = {"bytes": 256, "gpt2": 50257}
+"""The tokenizers whose vocabulary is fixed; a trained BPE's is data.vocab_size."""
+
+
+def vocab_size_of(experiment: Experiment) -> int:
+    """The vocabulary the experiment's model is built with (GPT-2's where nothing says)."""
+    return (TOKENIZER_VOCAB.get(experiment.data.tokenizer) or experiment.data.vocab_size
+            or TOKENIZER_VOCAB["gpt2"])
+
+
 def model_context(preset: str, seq_len: int) -> int:
     """The context (n_positions) of a preset trained at seq_len."""
     context = MODEL_PRESETS[preset][3]
@@ -589,7 +599,7 @@ class Experiment:
         if self.train.seq_len > context:
             raise UsageError(f"train.seq_len {self.train.seq_len} exceeds the context {context} "
                              f"of model.preset {self.model.preset!r}")
-        fixed_vocab = {"bytes": 256, "gpt2": 50257}.get(self.data.tokenizer)
+        fixed_vocab = TOKENIZER_VOCAB.get(self.data.tokenizer)
         if fixed_vocab and self.data.vocab_size not in (None, fixed_vocab):
             raise UsageError(f"data.vocab_size {self.data.vocab_size} does not match "
                              f"data.tokenizer {self.data.tokenizer!r}, which has {fixed_vocab} "

@@ -18,6 +18,7 @@ nodes (cluster.gpus_per_node 0) without HPCDP_PEAK_FLOPS. No torch: the CLI call
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,6 @@ steps (7-10 s a cell on the local cluster, tiny model, imports cached; more on a
 file system or with torch.compile)."""
 PROBE_S = 15.0
 """Per network probe (start-up included)."""
-VOCAB = {"bytes": 256, "gpt2": 50257}
 DEFAULT_REQUEUES = 3
 """HPCDP_MAX_REQUEUES when unset or not a whole number, as the job scripts take it."""
 
@@ -55,14 +55,14 @@ class Estimate:
     """The GPU assumed for want of a known cluster.gpu_type (e.g. "V100"), or None."""
 
 
-def _vocab(experiment: Experiment) -> int:
-    return VOCAB.get(experiment.data.tokenizer) or experiment.data.vocab_size or 50257
-
-
 def flops_per_token(experiment: Experiment) -> float:
+    """As train/ counts it for its MFU, from the model's shapes (without transformers)."""
+    from hpcdp.forecast.memory import experiment_shapes
+
     n_layer, n_embd, _heads, _context = MODEL_PRESETS[experiment.model.preset]
-    params = 12 * n_layer * n_embd ** 2 + _vocab(experiment) * n_embd  # tied head, no wpe
-    return 6 * params + 12 * n_layer * n_embd * experiment.train.seq_len
+    shapes = experiment_shapes(experiment)
+    params = sum(math.prod(s) for s in shapes) - math.prod(shapes[1])  # no position embeddings
+    return peaks.training_flops_per_token(params, n_layer, n_embd, experiment.train.seq_len)
 
 
 def _precision(mixed: bool, experiment: Experiment) -> str:

@@ -18,6 +18,12 @@ PEAK_FLOPS: dict[str, dict[str, float | None]] = {
 OVERRIDE = "HPCDP_PEAK_FLOPS"
 
 
+def training_flops_per_token(params: int, n_layer: int, n_embd: int, seq_len: int) -> int:
+    """Training FLOPs per token: 6N + 12*L*d*T (Kaplan et al.; N without the position
+    embeddings), for train/'s MFU and the estimate before submitting alike."""
+    return 6 * params + 12 * n_layer * n_embd * seq_len
+
+
 def peak_flops(device_name: str, precision: str) -> float | None:
     """Peak FLOP/s of one device, or None when unknown (CPUs, unlisted GPUs).
 

@@ -15,6 +15,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from hpcdp.config import MODEL_PRESETS, model_context
 from hpcdp.errors import UsageError
+from hpcdp.peaks import training_flops_per_token
 
 
 def build_model(
@@ -63,10 +64,10 @@ def count_params(model: nn.Module, *, with_position_embeddings: bool = True) -> 
 
 
 def flops_per_token(model: GPT2LMHeadModel, seq_len: int) -> int:
-    """Training FLOPs per token: 6N + 12*L*d*T (Kaplan et al.; N without position embeddings)."""
+    """Training FLOPs per token of the built model (hpcdp/peaks.py's count)."""
     cfg = model.config
-    n = count_params(model, with_position_embeddings=False)
-    return 6 * n + 12 * cfg.n_layer * cfg.n_embd * seq_len
+    return training_flops_per_token(count_params(model, with_position_embeddings=False),
+                                    cfg.n_layer, cfg.n_embd, seq_len)
 
 
 class LanguageModel(nn.Module):

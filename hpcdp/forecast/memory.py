@@ -3,17 +3,15 @@ it, plus activations by Korthikanti et al.'s count)."""
 
 from __future__ import annotations
 
-from hpcdp.config import MODEL_PRESETS, ClusterProfile, model_context
+from hpcdp.config import MODEL_PRESETS, ClusterProfile, model_context, vocab_size_of
 from hpcdp.forecast.model import gpt2_shapes, state_bytes
 
 
 def experiment_shapes(experiment) -> list[tuple]:
     """gpt2_shapes of a loaded experiment's model (its preset, vocabulary and context), without
     transformers: the submit-time memory check and the network probe's gradient size."""
-    from hpcdp.estimate import _vocab
-
     n_layer, n_embd, _, _ = MODEL_PRESETS[experiment.model.preset]
-    return gpt2_shapes(n_layer, n_embd, _vocab(experiment),
+    return gpt2_shapes(n_layer, n_embd, vocab_size_of(experiment),
                        model_context(experiment.model.preset, experiment.train.seq_len))
 
 
@@ -34,13 +32,12 @@ def memory_warnings(jobs, profile: ClusterProfile, experiment) -> list[str]:
     the device memory of the profile's gpu_type: an out-of-memory said before queuing, not
     after hours in the queue. `hpcdp forecast` gives the figure a campaign measured."""
     from hpcdp import peaks
-    from hpcdp.estimate import _vocab
 
     memory = peaks.device_memory_gb(profile.gpu_type or "") if profile.gpus_per_node else None
     if not memory:
         return []
     n_layer, n_embd, n_head, _ = MODEL_PRESETS[experiment.model.preset]
-    vocab, train = _vocab(experiment), experiment.train
+    vocab, train = vocab_size_of(experiment), experiment.train
     shapes = experiment_shapes(experiment)
     lines = []
     for job in jobs:

@@ -73,6 +73,21 @@ def test_flops_per_token_is_6n_plus_attention() -> None:
     assert flops_per_token(model, 128) == 6 * n_without_wpe + 12 * 2 * 128 * 128
 
 
+@pytest.mark.parametrize("preset, tokenizer, seq_len", [
+    ("tiny", "bytes", 64), ("tiny", "gpt2", 300), ("gpt2-124m", "gpt2", 1024)])
+def test_the_estimate_counts_the_flops_the_trainer_counts(preset, tokenizer, seq_len) -> None:
+    """One answer (issue 47): the estimate before submitting, without transformers, and the
+    trainer's MFU from the built model."""
+    from hpcdp import estimate
+    from hpcdp.config import vocab_size_of
+
+    exp = load_experiment("smoke", {"model": {"preset": preset}, "data": {"tokenizer": tokenizer},
+                                    "train": {"seq_len": seq_len}})
+    with torch.device("meta"):
+        model = build_model(preset, vocab_size_of(exp), seq_len)
+    assert estimate.flops_per_token(exp) == flops_per_token(model, seq_len)
+
+
 def test_loss_is_next_token_cross_entropy_as_transformers_computes_it() -> None:
     torch.manual_seed(0)
     model = build_model("tiny", 256, 32)
