@@ -139,16 +139,13 @@ def _run_options(run: argparse.ArgumentParser) -> None:
                      help="fail at once unless this node runs N processes")
 
 
-def _record_exit(out: str, code: int) -> None:
+def _record_exit(out: str, code: int, env) -> None:
     """RUN_DIR/ranks/exit-RANK = "JOB CODE": the batch script tells a preemption (every rank
     stopped after a checkpoint, 143) from one rank failing and srun ending the others (which
     then stop with 143 too). A rank killed outright writes nothing, which counts as failed."""
     from pathlib import Path
 
-    from hpcdp import distenv
-
     try:
-        env = distenv.detect()
         folder = Path(out) / "ranks"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"exit-{env.rank}").write_text(f"{env.job_id or 'manual'} {code}\n")
@@ -191,7 +188,7 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
             with without_gc():
                 from train.allreduce import measure
 
-            measure(exp, args.strategy, args.out, expect_world=args.expect_world,
+            measure(exp, spec, args.out, expect_world=args.expect_world,
                     expect_tasks_per_node=args.expect_tasks_per_node)
             return 0
         if reexec:  # first: exec resets the signal handlers catch_early installs
@@ -220,7 +217,7 @@ def _train(exp: Experiment, args: argparse.Namespace, spec: strategies.StrategyS
 
     # A launch that started another world than the script asked for, a master address that
     # is not rank 0's node, or a bad HPCDP_PEAK_FLOPS is refused before torch loads: 0.3 s a
-    # rank, not 5 (train.loop and the strategies check them again, for their other callers).
+    # rank, not 5. The loop takes the strategy and environment as resolved here.
     env = distenv.detect()
     distenv.check_world(env, args.expect_world, args.expect_tasks_per_node)
     if spec.transport == "torch":  # DDP's family: rendezvous at it
@@ -233,12 +230,11 @@ def _train(exp: Experiment, args: argparse.Namespace, spec: strategies.StrategyS
 
     code = 1
     try:
-        summary = run(exp, args.strategy, args.out, args.resume, expect_world=args.expect_world,
-                      expect_tasks_per_node=args.expect_tasks_per_node)
+        summary = run(exp, spec, args.out, args.resume, env=env)
         # Stopped by SIGTERM/SIGUSR1 after a checkpoint: not finished, as 128 + SIGTERM.
         code = 0 if summary["status"] == "completed" else INTERRUPTED_EXIT
     finally:
-        _record_exit(args.out, code)
+        _record_exit(args.out, code, env)
     return code
 
 

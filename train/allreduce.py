@@ -103,10 +103,9 @@ def time_all_reduce(strategy: Strategy, elements: int, dtype: torch.dtype
     return times, not wrong
 
 
-def measure(exp: Experiment, strategy_name: str, out_dir: str | Path, *,
+def measure(exp: Experiment, spec: registry.StrategySpec, out_dir: str | Path, *,
             expect_world: int | None = None, expect_tasks_per_node: int | None = None
             ) -> dict[str, Any]:
-    spec = registry.get(strategy_name)
     env = distenv.detect()
     distenv.check_world(env, expect_world, expect_tasks_per_node)
     cap = max_bytes()

@@ -175,16 +175,21 @@ def _quiet(line: str) -> None:
     pass
 
 
-def run(exp: Experiment, strategy_name: str, out_dir: str | Path, resume: bool = False, *,
+def run(exp: Experiment, strategy: str | registry.StrategySpec, out_dir: str | Path,
+        resume: bool = False, *, env: distenv.DistEnv | None = None,
         expect_world: int | None = None, expect_tasks_per_node: int | None = None,
         log: Callable[[str], None] = _say) -> dict[str, Any]:
     """Train `exp` with one strategy, writing OUT_DIR/metrics.jsonl and OUT_DIR/checkpoints/.
 
     Every process of the job calls this. Returns the summary record (on every rank).
+    `python -m train` passes the strategy and the distributed environment it resolved and
+    checked before torch loaded; other callers (tests, benchmarks) give a strategy name and
+    no env, and they are resolved and checked here.
     """
-    spec = registry.get(strategy_name)
-    env = distenv.detect()
-    distenv.check_world(env, expect_world, expect_tasks_per_node)
+    spec = strategy if isinstance(strategy, registry.StrategySpec) else registry.get(strategy)
+    if env is None:
+        env = distenv.detect()
+        distenv.check_world(env, expect_world, expect_tasks_per_node)
     torch.set_num_threads(distenv.threads_per_process(env))
     strategy = create(spec, log=log if env.rank == 0 else _quiet)
     fault = faults.from_environment()
