@@ -1,9 +1,11 @@
-"""The shape issue 8 asked for, kept: no function in hpcdp/ or train/ longer than 60 lines, and
-distenv reads every launcher through its one table."""
+"""The shape issue 8 asked for, kept: no function in hpcdp/ or train/ longer than 60 lines,
+distenv reads every launcher through its one table, no import cycle in hpcdp/, and train/
+imports the hpcdp modules docs/architecture.md names (issue 47, item 4)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from hpcdp import PROJECT_ROOT
@@ -72,3 +74,29 @@ def test_no_two_hpcdp_modules_import_each_other() -> None:
 
     cycles = sorted(f"{a} <-> {b}" for a, deps in graph.items() for b in deps if reaches(b, a))
     assert not cycles, cycles
+
+
+def _imported_hpcdp_units(package: str) -> set[str]:
+    """The hpcdp modules (hpcdp.X, a package counted once) that `package`'s files import."""
+    found = set()
+    for path in (PROJECT_ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [f"{node.module}.{a.name}" for a in node.names] \
+                    if node.module == "hpcdp" else [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found.update(n.split(".")[1] for n in names if n.startswith("hpcdp."))
+    return found
+
+
+def test_train_imports_the_hpcdp_modules_the_architecture_names() -> None:
+    documented = set(re.findall(r"^\| `(\w+)` \|", (PROJECT_ROOT / "docs" / "architecture.md")
+                                .read_text(), re.MULTILINE))
+    imported = _imported_hpcdp_units("train")
+    assert "config" in imported  # the walk saw the imports
+    assert imported == documented, (
+        f"train/ imports, undocumented: {sorted(imported - documented)}; documented, not "
+        f"imported: {sorted(documented - imported)} (docs/architecture.md's table)")
