@@ -255,17 +255,6 @@ def _campaign_job(profile: ClusterProfile, experiment: Experiment, folder: Path,
                        experiment_file=folder / run_folder.EXPERIMENT_FILE, text=text)
 
 
-def move_aside(folder: Path) -> None:
-    """--fresh: an earlier campaign in `folder` (cells and all) becomes compare.old-TIMESTAMP."""
-    import sys
-    import time
-
-    if folder.exists() and any(folder.iterdir()):
-        target = folder.with_name(f"{folder.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-        folder.rename(target)
-        print(f"hpcdp: moved the earlier campaign aside: {target}", file=sys.stderr)
-
-
 def write(campaign: Campaign) -> dict:
     """Every cell's files, the campaign script and campaign.json; all or nothing. Returns the
     take-back functions of render.write_jobs."""

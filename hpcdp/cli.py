@@ -126,7 +126,7 @@ def _render_selection(args, profile, experiment, scripts_dir: Path | None = None
 # ---------------------------------------------------------------------------------- commands
 
 def cmd_render(args) -> int:
-    from hpcdp import render, submit
+    from hpcdp import folder_checks, render, submit
 
     profile, experiment = _load(args)
     scripts_dir = Path(args.scripts_dir) if args.scripts_dir else None
@@ -136,7 +136,7 @@ def cmd_render(args) -> int:
         for job in jobs:
             sys.stdout.write(job.text)
         return 0
-    _prepare_run_folders(jobs, experiment, args)
+    folder_checks.prepare(jobs, experiment, fresh=args.fresh)
     render.write_jobs(jobs, experiment)
     for job in jobs:
         submit.record_rendered(job, profile.name, experiment.name)  # jobs run from it by hand
@@ -165,19 +165,6 @@ def _fallback_slurm_env() -> None:
 
     if cluster.is_up():
         os.environ.update(cluster.slurm_env())
-
-
-def _prepare_run_folders(jobs, experiment: config.Experiment, args, queued: bool = True) -> None:
-    """A run folder with an earlier run is continued only when trained alike (--fresh moves
-    it aside instead), and a job is queued only where there is something to train: checked for
-    every job before anything is written."""
-    from hpcdp import render, run_lock
-
-    run_lock.check_free([job.run_dir for job in jobs])  # a live trainer's folder: never touched
-    if args.fresh:
-        render.move_aside(jobs)
-    else:
-        render.check_continuable(jobs, experiment, queued)
 
 
 def _check_horovod(jobs, profile: config.ClusterProfile, controller: str | None = None) -> None:
@@ -229,7 +216,7 @@ def _check_run_folders_visible(run_dirs: list[Path], profile: config.ClusterProf
 
 
 def cmd_submit(args) -> int:
-    from hpcdp import render, submit
+    from hpcdp import folder_checks, render, submit
 
     profile, experiment = _load(args)
     jobs = _render_selection(args, profile, experiment)
@@ -254,8 +241,7 @@ def cmd_submit(args) -> int:
     # Check, write and submit under each run folder's lock: of two submits into one folder
     # at the same moment, the second finds the first's job and is refused.
     with submit.submit_lock([job.run_dir for job in ordered]):
-        submit.check_run_dirs_free(jobs)
-        _prepare_run_folders(jobs, experiment, args)
+        folder_checks.prepare(jobs, experiment, fresh=args.fresh, submitting=jobs)
         take_back = render.write_jobs(ordered, experiment)
         for i, job in enumerate(ordered):
             try:
@@ -337,7 +323,7 @@ def _why_requeued(record: dict, info) -> str | None:
 
 
 def cmd_compare(args) -> int:
-    from hpcdp import campaign, render, run_lock, submit
+    from hpcdp import campaign, folder_checks, submit
 
     profile, experiment = _load(args)
     plan = campaign.plan(profile, experiment, output_dir=args.out, repeats=args.repeats,
@@ -363,13 +349,8 @@ def cmd_compare(args) -> int:
         _check_run_folders_visible([plan.folder], profile)
     # Check, write and submit under the folder's lock (see cmd_submit).
     with submit.submit_lock([plan.folder]):
-        if not args.render:
-            submit.check_run_dirs_free([plan.job])
-        run_lock.check_free([plan.folder])  # a trainer in it or in one of its cells
-        if args.fresh:
-            campaign.move_aside(plan.folder)
-        else:
-            render.check_continuable(jobs, experiment)
+        folder_checks.prepare(jobs, experiment, fresh=args.fresh, campaign=plan.folder,
+                              submitting=None if args.render else [plan.job])
         take_back = campaign.write(plan)
         if args.render:  # the whole campaign on disk, for plain sbatch
             submit.record_rendered(plan.job, profile.name, experiment.name, label="compare")
@@ -396,7 +377,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from hpcdp import local_run, render
+    from hpcdp import folder_checks, local_run, render
 
     profile, experiment = _load(args)
     if args.nodes not in (None, 1):
@@ -408,7 +389,7 @@ def cmd_run(args) -> int:
     jobs = _render_selection(args, profile, experiment, one_node_only=True)
     _check_resume_from(args, jobs)
     _check_horovod(jobs, profile, controller=local_run.HOROVOD_CONTROLLER)
-    _prepare_run_folders(jobs, experiment, args, queued=False)
+    folder_checks.prepare(jobs, experiment, fresh=args.fresh, queued=False)
     render.write_jobs(jobs, experiment)  # the same scripts, for a later sbatch
     failed = []
     for job in jobs:

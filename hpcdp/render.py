@@ -16,7 +16,6 @@ import os
 import re
 import shlex
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +29,13 @@ from hpcdp import (
     __version__,
     containers,
     distenv,
-    run_folder,
     shared_fs,
     slurm,
     strategies,
 )
-from hpcdp.config import ClusterProfile, Experiment, as_dict, build, load_yaml_text
+from hpcdp.config import ClusterProfile, Experiment, as_dict
 from hpcdp.errors import UsageError
-from hpcdp.run_folder import CHECKPOINT_DIR, EXPERIMENT_FILE, METRICS_FILE
+from hpcdp.run_folder import EXPERIMENT_FILE
 from hpcdp.strategies import StrategySpec
 
 # Values that go into #SBATCH lines: Slurm names, lists of names, sizes.
@@ -310,97 +308,6 @@ def render_prepare_job(profile: ClusterProfile, experiment: Experiment, *,
 def experiment_yaml(experiment: Experiment) -> str:
     header = "# Resolved by hpcdp (overrides applied); the run's script reads this file.\n"
     return header + yaml.safe_dump(as_dict(experiment), sort_keys=False)
-
-
-# What an earlier run in the same folder may differ in and still be continued by --resume:
-# how often things are logged, evaluated, saved or timed out, not what is trained.
-CONTINUABLE = ("name", "description", "matrix.", "train.log_interval", "train.eval_interval",
-               "train.eval_batches", "train.checkpoint_interval", "train.checkpoint_every_s",
-               "train.keep_checkpoints", "train.dist_timeout_s", "train.warmup_log_steps",
-               "train.hang_factor", "train.hang_floor_s", "train.on_hang", "train.stop_check_s",
-               "train.resume_from", "compare.")
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out |= _flat(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def holds_a_run(run_dir: Path) -> bool:
-    return (run_dir / METRICS_FILE).exists() or any((run_dir / CHECKPOINT_DIR).glob("step-*"))
-
-
-def finished_at(run_dir: Path) -> int | None:
-    """The step a run in `run_dir` completed at (its last record, the summary, says so), or
-    None: not there, or not finished."""
-    _, tail = run_folder.head_and_tail(run_dir)
-    if not tail:
-        return None
-    record = tail[-1]
-    done = record.get("kind") == "summary" and record.get("status") == "completed"
-    return int(record["steps"]) if done and isinstance(record.get("steps"), int) else None
-
-
-def _earlier_settings(experiment_file: Path) -> dict[str, object]:
-    """An earlier run's settings, with today's defaults for fields added since it was written
-    (an older hpcdp's run folder must not differ in a setting it never had)."""
-    try:
-        raw = load_yaml_text(experiment_file.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return {}
-    try:
-        return _flat(as_dict(build(Experiment, dict(raw), "")))
-    except UsageError:  # a field since removed or renamed: compare what the file says
-        return _flat(raw)
-
-
-def check_continuable(jobs: list[RenderedJob], experiment: Experiment,
-                      queued: bool = True) -> None:
-    """Refuse to write into a run folder whose earlier run was trained otherwise: the rendered
-    script always resumes, so it would continue that run with other settings. One line names
-    the first difference and the ways out. queued (render, submit, compare: a job to wait for):
-    also refuse folders whose runs all finished already, which would train nothing; `hpcdp run`
-    starts at once, and its trainer says "nothing to do" as soon."""
-    new = _flat(load_yaml_text(experiment_yaml(experiment)))
-    for job in jobs:
-        if not holds_a_run(job.run_dir):
-            continue
-        old = _earlier_settings(job.experiment_file)
-        differ = [k for k in sorted(set(old) | set(new))
-                  if not k.startswith(CONTINUABLE) and old.get(k) != new.get(k)]
-        if differ:
-            k = differ[0]
-            more = f" and {len(differ) - 1} more setting(s)" if len(differ) > 1 else ""
-            raise UsageError(
-                f"{job.run_dir} holds a run trained with {k}={old.get(k)!r}, not "
-                f"{new.get(k)!r}{more}; resubmit it unchanged to continue it, add --fresh to "
-                "move it aside and start over, or give another --out")
-    finished = [(job, finished_at(job.run_dir)) for job in jobs]
-    if queued and jobs and all(step is not None and step >= experiment.train.steps
-                               for _, step in finished):
-        # Queued, it would train nothing and count as a resume (a campaign with some cells
-        # still to train goes on: its finished cells say so themselves).
-        job, step = finished[0]
-        where = str(job.run_dir) if len(jobs) == 1 else f"every run folder ({job.run_dir}, ...)"
-        raise UsageError(f"{where} already finished at step {step} (train.steps "
-                         f"{experiment.train.steps}): nothing to train; to train it further, "
-                         "continue it in another folder (--resume-from RUN_DIR --set "
-                         "train.steps=N --out OTHER), or add --fresh to start over")
-
-
-def move_aside(jobs: list[RenderedJob]) -> None:
-    """--fresh: each run folder that holds a run becomes RUN_DIR.old-TIMESTAMP."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for job in jobs:
-        if holds_a_run(job.run_dir):
-            target = job.run_dir.with_name(f"{job.run_dir.name}.old-{stamp}")
-            job.run_dir.rename(target)
-            print(f"hpcdp: moved the earlier run aside: {target}", file=sys.stderr)
 
 
 def write_jobs(jobs: list[RenderedJob], experiment: Experiment) -> dict[Path, Callable[[], None]]:

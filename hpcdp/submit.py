@@ -161,7 +161,7 @@ CLAIM_WAIT_S = 60.0
 def submit_lock(run_dirs: list[Path]):
     """Hold the submit lock of each run folder while it is checked, written and submitted: two
     `hpcdp submit`s into one folder at the same moment run one after the other, and the second
-    then finds the first's job and is refused (check_run_dirs_free). The locks live in the
+    then finds the first's job and is refused (folder_checks.prepare). The locks live in the
     state folder, so that a refused submit leaves no folder behind."""
     import fcntl
     import hashlib
@@ -189,28 +189,6 @@ def submit_lock(run_dirs: list[Path]):
     finally:
         for fh in held:
             fh.close()  # closing releases the lock
-
-
-def check_run_dirs_free(jobs: list[RenderedJob]) -> None:
-    """Refuse to submit into a run directory whose earlier job is still queued or running: two
-    jobs would append to one metrics file and race on its checkpoints."""
-    earlier = {}
-    for job in jobs:
-        try:
-            earlier[job] = json.loads((job.run_dir / "submission.json").read_text())["job_id"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    if not earlier:
-        return
-    from hpcdp import slurm
-
-    infos = slurm.query_jobs(list(earlier.values()))  # one squeue (+ sacct) for all of them
-    for job, job_id in earlier.items():
-        info = infos.get(job_id)
-        if info is not None and info.source == "squeue":
-            raise UsageError(
-                f"{job.run_dir} already belongs to job {job_id}, which is {info.state}; wait "
-                f"for it, `scancel {job_id}`, or give another --out")
 
 
 def rendered_file() -> Path:

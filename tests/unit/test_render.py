@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdp import config, render, strategies
+from hpcdp import config, folder_checks, render, strategies
 from hpcdp.errors import UsageError
 
 GOLDEN = Path(__file__).parent.parent / "golden"
@@ -277,11 +277,11 @@ def test_a_run_folder_from_before_a_new_setting_is_still_continued(tmp_path):
     older = config.as_dict(experiment)
     del older["data"]["text_field"]
     job.experiment_file.write_text(yaml.safe_dump(older))
-    render.check_continuable([job], experiment)  # no error
+    folder_checks.check_continuable([job], experiment)  # no error
     older["train"]["lr"] = 1.0
     job.experiment_file.write_text(yaml.safe_dump(older))
     with pytest.raises(UsageError, match="holds a run trained with train.lr=1.0"):
-        render.check_continuable([job], experiment)
+        folder_checks.check_continuable([job], experiment)
 
 
 def test_the_modern_experiment_renders_a_gpu_campaign_of_every_strategy(tmp_path):
