@@ -46,6 +46,24 @@ _OTHER_KILLERS = re.compile(r"DUE TO TIME LIMIT|DUE TO PREEMPTION|DUE TO NODE FA
                             r"SIGTERM \(preemption or scancel\)")
 
 
+# A planned stop (the job script's lines, templates/base.sbatch.j2): the ranks checkpointed and
+# exited 143 on a time limit's USR2 or a preemption's TERM, and srun and slurmstepd report that
+# stop in their own words, with "error". Those words are then not errors.
+_PLANNED_STOP = re.compile(r"^hpcdp: (?:time limit near: checkpointing|the ranks stopped after a "
+                           r"checkpoint)", re.M)
+_STOP_REPORTS = re.compile(r"^srun: error: [^:\s]+: tasks? [0-9][0-9,-]*: Exited with exit code "
+                           r"143$|^slurmstepd(?:-[^:\s]+)?: error: \*\*\* STEP \S+ ON \S+ "
+                           r"CANCELLED AT \S+ \*\*\*$")
+
+
+def planned_stop_reports(text: str) -> set[str]:
+    """The lines of a log that report a planned stop (a checkpoint, then exit 143), when the
+    job script says it planned one; empty otherwise."""
+    if not _PLANNED_STOP.search(text):
+        return set()
+    return {line.strip() for line in text.splitlines() if _STOP_REPORTS.match(line.strip())}
+
+
 @dataclass(frozen=True)
 class OutOfMemory:
     rank: str | None

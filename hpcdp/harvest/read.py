@@ -365,9 +365,9 @@ class SlurmLogScan:
     last_traceback_file: str | None = None
     """The slurm-*.out holding the last traceback seen."""
     out_of_memory: str | None = None
+    """hpcdp/job_end.py's line for the last log whose job ran out of memory."""
     node_failure: str | None = None
     """hpcdp/job_end.py's line for the last log whose job a node's failure ended (NODE_FAIL)."""
-    """hpcdp/job_end.py's line for the last log whose job ran out of memory."""
 
 
 def scan_slurm_logs(run_dir: Path, job_ids: list[str] | None = None) -> SlurmLogScan:
@@ -390,6 +390,7 @@ def scan_slurm_logs(run_dir: Path, job_ids: list[str] | None = None) -> SlurmLog
         if failed_node:
             scan.node_failure = f"{log_path.name}: {failed_node}"
         lines = text.splitlines()
+        planned = job_end.planned_stop_reports(text)  # a requeue's exit 143: not an error
         in_traceback = False
         for line in lines:
             if "Traceback (most recent call last)" in line:
@@ -405,7 +406,7 @@ def scan_slurm_logs(run_dir: Path, job_ids: list[str] | None = None) -> SlurmLog
                 continue
             if in_traceback:
                 continue  # source lines quoted by the traceback are not error lines
-            if _ERROR_RE.search(line):
+            if _ERROR_RE.search(line) and line.strip() not in planned:
                 scan.error_lines += 1
                 if scan.first_error is None:
                     scan.first_error = line.strip()[:200]

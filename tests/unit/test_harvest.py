@@ -232,6 +232,30 @@ def test_slurm_log_error_lines_become_a_note(tmp_path):
     assert notes.startswith("1 error line(s) in slurm log, first: slurmstepd: error: *** JOB 556")
 
 
+# A time-limit requeue's first segment, as the local cluster's job log has it.
+PLANNED_STOP_LOG = """hpcdp: job 71 restart 0 strategy distributed-ps nodes node[1-2] world 2
+hpcdp: time limit near: checkpointing, then requeueing job 71
+srun: error: node2: task 1: Exited with exit code 143
+slurmstepd-node1: error: *** STEP 71.0 ON node1 CANCELLED AT 2026-12-07T16:04:35 ***
+srun: error: node1: task 0: Exited with exit code 143
+hpcdp: job 71 restart 1 strategy distributed-ps nodes node[1-2] world 2
+"""
+
+
+@pytest.mark.parametrize("log, errors", [
+    (PLANNED_STOP_LOG, 0),  # issue 48, item 10: the planned exit 143 read as 3 error lines
+    (PLANNED_STOP_LOG.replace("hpcdp: time limit near: checkpointing, then requeueing job 71\n",
+                              ""), 3),  # 143 with no stop planned: a failure's echo, counted
+    (PLANNED_STOP_LOG + "srun: error: node2: task 1: Exited with exit code 1\n", 1),
+])
+def test_a_planned_stop_is_not_an_error_line(tmp_path, log, errors):
+    path = simple_run(tmp_path / "p", "distributed-ps", 2, 2, tps=10.0)
+    (path / "slurm-71.out").write_text(log)
+    said = [n for n in run_one(path).notes if "error line" in n]
+    assert said == ([f"{errors} error line(s) in slurm log, first: srun: error: node2: task 1: "
+                     f"Exited with exit code {1 if errors == 1 else 143}"] if errors else [])
+
+
 def test_find_run_dirs_recursive_and_pruned(tmp_path):
     simple_run(tmp_path / "exp" / "single-gpu-1n", "single-gpu", 1, 1, tps=10.0)
     simple_run(tmp_path / "exp" / "ddp-2n", "distributed-ps", 2, 4, tps=10.0)
