@@ -93,9 +93,7 @@ def check(earlier: EarlierRun, spec: StrategySpec, run_dir: Path) -> None:
     if Path(run_dir).absolute() == earlier.run_dir:
         raise UsageError(f"--resume-from {str(earlier.run_dir)!r} is this job's own run folder: "
                          "resubmit without --resume-from to continue it there")
-    # FSDP's strategies (sharding full or in-node) save and load sharded checkpoints.
-    sharded = spec.sharding in ("full", "in-node")
-    if sharded != earlier.sharded:
+    if spec.sharded_checkpoints != earlier.sharded:
         kind = "sharded (DCP)" if earlier.sharded else "whole-state"
         raise UsageError(f"--resume-from: {earlier.strategy} wrote {kind} checkpoints, which "
                          f"{spec.name} cannot load; continue it with a strategy that "

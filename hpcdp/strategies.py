@@ -63,14 +63,21 @@ class StrategySpec:
     """The unsharded strategy whose replicated state this one shards (fsdp: distributed-ps):
     harvest's verdict states its memory per rank and throughput against that one's."""
     grad_comm: tuple[str, ...] = ()
+    """Precisions it can send gradients in (train.grad_comm); empty: gradients never travel
+    between processes (one process, or DataParallel inside it), so the setting does not apply."""
     sharding: Literal["replicated", "optimizer", "full", "in-node"] = "replicated"
     """What each rank holds of the model state, and so what it sends per step (hpcdp/forecast/):
     replicated (every rank the whole state; gradients all-reduced), optimizer (ZeRO-1: the
     optimizer state sharded, updated parameters gathered after the step), full (FSDP: all of it
     sharded, parameters gathered for forward and backward, gradients reduce-scattered), in-node
     (HSDP: sharded over a node's ranks, the shard's gradients all-reduced across nodes)."""
-    """Precisions it can send gradients in (train.grad_comm); empty: gradients never travel
-    between processes (one process, or DataParallel inside it), so the setting does not apply."""
+
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """Every rank saves its shard (torch.distributed.checkpoint, a .dcp folder) where the
+        parameters are sharded; otherwise rank 0 writes the whole state to one .pt file (ZeRO-1
+        gathers its optimizer shards first). The trainer and --resume-from both ask here."""
+        return self.sharding in ("full", "in-node")
 
     def check_grad_comm(self, grad_comm: str) -> None:
         if self.grad_comm and grad_comm not in self.grad_comm:

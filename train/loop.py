@@ -334,7 +334,7 @@ class Training:
                  "world_size": strategy.world_size, "sample_layout": self.sample_layout()}
         failed = None
         try:
-            if strategy.checkpoint_format == "sharded":
+            if self.spec.sharded_checkpoints:
                 from torch.distributed.checkpoint.state_dict import get_state_dict
 
                 model_state, optimizer_state = get_state_dict(self.raw_model, self.optimizer)
@@ -695,7 +695,7 @@ def _check_same_family(state: dict, t: Training, path: str) -> None:
     """A sharded strategy resumes only from sharded checkpoints, the others only from one
     file of the whole state."""
     sharded = checkpoint.is_sharded(Path(path))
-    if sharded == (t.strategy.checkpoint_format == "sharded"):
+    if sharded == t.spec.sharded_checkpoints:
         return
 
     def kind(shards: bool) -> str:

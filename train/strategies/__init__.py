@@ -45,9 +45,6 @@ class Strategy:
     casts_parameters: bool = False
     """The wrapper computes in compute_dtype itself (FSDP's MixedPrecisionPolicy): the loop
     then runs no autocast."""
-    checkpoint_format: str = "file"
-    """file: every replica holds the whole state and rank 0 writes it to one file; sharded:
-    every rank writes its shard with torch.distributed.checkpoint (train/checkpoint.py)."""
     compile_around_wrapper: bool = False
     """train.compile compiles the wrapped model (True) or the model before `wrap` (False)."""
     log: Any = print

@@ -32,7 +32,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class FSDPStrategy(DDPStrategy):
-    checkpoint_format = "sharded"
     # Compiled after sharding, as DDP is: FSDP2's hooks then run around the compiled graph.
     compile_around_wrapper = True
     reshard_after_forward = True
