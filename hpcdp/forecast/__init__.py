@@ -70,13 +70,21 @@ from hpcdp.forecast.model import (
                                   state_bytes,
 )
 from hpcdp.forecast.predict import ONE_RUN, Prediction, predict
-from hpcdp.forecast.published import PUBLISHED_FILE, published_checks
+from hpcdp.forecast.published import (
+    PUBLISHED_FILE,
+    SERIES_FILE,
+    published_checks,
+    series_checks,
+    series_summary,
+)
 from hpcdp.forecast.report import as_json, plot, ranking, ranking_line, render_text, rows
 
-__all__ = ["ADAM_STEP_BYTES", "DEFAULT_NODES", "ONE_RUN", "PUBLISHED_FILE", "TOKENS_PER_PARAM",
+__all__ = ["ADAM_STEP_BYTES", "DEFAULT_NODES", "ONE_RUN", "PUBLISHED_FILE", "SERIES_FILE",
+           "TOKENS_PER_PARAM",
            "Comm", "Fit", "Forecast", "Model", "Network", "Prediction", "_last_bucket",
            "activation_bytes", "as_json", "billing_rate", "comm_s", "comm_terms",
            "experiment_shapes", "fit_network", "fits_of", "gpt2_shapes", "make",
            "memory_warnings", "model_of", "network_from_profile", "network_warnings",
            "parse_nodes", "plot", "predict", "published_checks", "ranking", "ranking_line",
-           "render_text", "rows", "split_step", "state_bytes"]
+           "render_text", "rows", "series_checks", "series_summary", "split_step",
+           "state_bytes"]

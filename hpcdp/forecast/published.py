@@ -40,21 +40,115 @@ def published_checks(path: Path = PUBLISHED_FILE) -> list[dict]:
                       param_gather_bytes=int(params * case["param_bytes"]),
                       units=int(case["units"]), block_share=float(case["block_share"]))
         fit_gpus, per_gpu = int(case["fit"]["gpus"]), float(case["fit"]["tokens_per_s_per_gpu"])
-        tokens = int(case["tokens_per_gpu_step"])
-        fit = Fit(strategy=case["strategy"], precision="bf16", communication="published",
-                  nodes=max(1, fit_gpus // gpn), ranks_per_node=min(gpn, fit_gpus),
-                  step_s=[tokens / per_gpu], exposed_s=None, forward_s=None, backward_s=None,
-                  phases_s=None, tokens_per_step=tokens * fit_gpus, micro_batch=1, accum=1,
-                  scaling="weak", global_batch=fit_gpus, model=model, shapes=[],
-                  reshard_after_forward=True, state_gb=None, peak_gb=None,
-                  memory_measured=None)
         check_gpus = int(case["check"]["gpus"])
-        p = predict(fit, net, check_gpus // gpn, gpn, tokens=1.0, measured={},
-                    billing_per_node_hour=None)
-        predicted = p.tokens_per_s / check_gpus
+        predicted = _per_gpu(case["strategy"], model, net, gpn, int(case["tokens_per_gpu_step"]),
+                             fit_gpus, per_gpu, check_gpus).tokens_per_s / check_gpus
         published = float(case["check"]["tokens_per_s_per_gpu"])
         checks.append({"case": name, "what": f"tokens/s per GPU at {check_gpus} GPUs "
                        f"(fitted at {fit_gpus})", "predicted": predicted, "published": published,
                        "error": predicted / published - 1, "checked": True,
                        "tolerance": float(case["tolerance"])})
     return checks
+
+
+def _per_gpu(strategy: str, model: Model, net, gpus_per_node: int, tokens: int, fit_gpus: int,
+             per_gpu: float, gpus: int, reshard_after_forward: bool = True):
+    """The prediction at `gpus` of a series fitted at `fit_gpus`, where each GPU trained
+    `tokens` per step at `per_gpu` tokens/s (one published figure: no spread)."""
+    fit = Fit(strategy=strategy, precision="bf16", communication="published",
+              nodes=max(1, fit_gpus // gpus_per_node), ranks_per_node=min(gpus_per_node, fit_gpus),
+              step_s=[tokens / per_gpu], exposed_s=None, forward_s=None, backward_s=None,
+              phases_s=None, tokens_per_step=tokens * fit_gpus, micro_batch=1, accum=1,
+              scaling="weak", global_batch=fit_gpus, model=model, shapes=[],
+              reshard_after_forward=reshard_after_forward, state_gb=None, peak_gb=None,
+              memory_measured=None)
+    return predict(fit, net, gpus // gpus_per_node, gpus_per_node, tokens=1.0, measured={},
+                   billing_per_node_hour=None)
+
+
+SERIES_FILE = EXPERIMENTS_DIR / "forecast-published-series.yaml"
+# The registry's strategy (and FSDP's reshard_after_forward) for what a series names: ZeRO-2
+# (SHARD_GRAD_OP) keeps parameters gathered from forward to backward; the JAX recipes shard the
+# model over 16 nodes or 128 GPUs and replicate beyond, which hpcdp's model has no name for:
+# as fsdp.
+_STRATEGY = {"fsdp": ("fsdp", True), "fsdp+dp": ("fsdp", True),
+             "fsdp_shard_grad_op": ("fsdp", False)}
+
+
+def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0) -> list[dict]:
+    """Each published series fitted at its smallest scale and predicted at each larger one up
+    to `most_ratio` times it: one row per point (series, source, ratio, predicted and published
+    tokens/s per GPU, the error, the interval's bounds and whether it holds the figure)."""
+    from hpcdp.config import build, read_yaml
+
+    data = read_yaml(Path(path), "published series")
+    networks = {name: network_from_profile(build(NetworkConfig, figures["network"],
+                                                 f"networks.{name}"), name)
+                for name, figures in data.pop("networks").items()}
+    rows = []
+    for name, case in data.items():
+        points = sorted(case["points"], key=lambda p: p["gpus"])
+        first, gpn = points[0], int(case["gpus_per_node"])
+        params, d = float(case["params"]), int(case["d_model"])
+        embeddings = int(case["vocab"]) * d * (1 if case.get("tied_embeddings", True) else 2)
+        model = Model(n_params=int(params), grad_bytes=int(params * 4),
+                      param_gather_bytes=int(params * 2), units=int(case["n_layer"]) + 1,
+                      block_share=1 - embeddings / params)
+        tokens = int(case["micro_batch_per_gpu"]) * int(case["seq_len"])
+        for point in points[1:]:
+            ratio = point["gpus"] / first["gpus"]
+            if ratio > most_ratio:
+                continue
+            strategy, reshard = _STRATEGY[case["strategy"]]
+            p = _per_gpu(strategy, model, networks[case["network"]], gpn, tokens,
+                         int(first["gpus"]), float(first["tokens_per_s_per_gpu"]),
+                         int(point["gpus"]), reshard)
+            published = float(point["tokens_per_s_per_gpu"])
+            rows.append({"series": name, "source": case["source_group"],
+                         "fit_gpus": int(first["gpus"]), "gpus": int(point["gpus"]),
+                         "ratio": ratio, "predicted": p.tokens_per_s / point["gpus"],
+                         "published": published,
+                         "error": p.tokens_per_s / point["gpus"] / published - 1})
+    for row in rows:
+        row["low"], row["high"] = _interval(row, rows)
+        row["inside"] = (None if row["low"] is None
+                         else row["low"] <= row["published"] <= row["high"])
+    return rows
+
+
+INTERVAL = 0.90
+
+
+def _interval(row: dict, rows: list[dict]) -> tuple[float | None, float | None]:
+    """A published series has one figure per scale, so no spread of its own: its interval is
+    the model's known error at that scale ratio, measured on the OTHER series (leave one series
+    out, so that no figure widens or centres its own interval): the 5th and 95th percentiles of
+    their errors at the same ratio (2x, 4x, 8x), applied to the point. None where fewer than 10
+    such errors exist. (Leaving a whole source out would leave llm-foundry's series, most of
+    them, too few others to measure against.)"""
+    others = sorted(r["error"] for r in rows
+                    if r["series"] != row["series"] and r["ratio"] == row["ratio"])
+    if len(others) < 10:
+        return None, None
+    tail = (1 - INTERVAL) / 2
+    low_err, high_err = (others[round(q * (len(others) - 1))] for q in (tail, 1 - tail))
+    return row["predicted"] / (1 + high_err), row["predicted"] / (1 + low_err)
+
+
+def series_summary(rows: list[dict]) -> dict:
+    """What docs/forecast.md reports of series_checks: counts, the point's errors from 2x to 8x
+    (median |error|, largest, how many above and below), and the intervals' coverage."""
+    import statistics
+
+    errors = [r["error"] for r in rows if 2 <= r["ratio"] <= 8]
+    judged = [r for r in rows if r["inside"] is not None]
+    return {"series": len({r["series"] for r in rows}),
+            "sources": len({r["source"] for r in rows}), "points": len(rows),
+            "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None,
+            "largest_abs_error": max((abs(e) for e in errors), default=None),
+            "above": sum(e > 0 for e in errors), "below": sum(e < 0 for e in errors),
+            "with_interval": len(judged),
+            "coverage": sum(r["inside"] for r in judged) / len(judged) if judged else None,
+            "median_half_width_4x": statistics.median(
+                (r["high"] - r["low"]) / 2 / r["predicted"] for r in judged if r["ratio"] == 4)
+            if any(r["ratio"] == 4 for r in judged) else None}
