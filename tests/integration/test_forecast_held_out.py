@@ -1,4 +1,4 @@
-"""hpcdp forecast on the local cluster: a real campaign of DDP, Horovod, fsdp and zero1 on 1
+"""hpcdp forecast on the local cluster: a real campaign of DDP, Horovod and fsdp on 1
 and 2 nodes, 2 ranks per node, with its network probes. Fitted on the 1-node cells and the
 probes only, the forecast of the 2-node cells is held against what they measured; fitted on
 both, it reproduces them. State per rank is forecast from the model's shapes alone and checked
@@ -39,8 +39,9 @@ def test_fitted_on_one_node_it_predicts_the_two_node_cells(campaign):
     """Issue 45's held-out forecast on a real campaign: fitted on the 1-node cells (2 ranks
     each, so each does its strategy's own communication, inside its node) and the probes only,
     the 2-node predictions carry their terms, which add up to the step; on a CPU FSDP's
-    collectives and ZeRO-1's broadcast are serial (what was missing when fsdp was predicted
-    +52%); the fitted cells come back; the ranking speaks as the verdict does.
+    collectives are serial (what was missing when fsdp was predicted +52%; ZeRO-1's broadcast
+    is checked in tests/unit/test_forecast.py); the fitted cells come back; the ranking speaks
+    as the verdict does.
 
     How close the predictions come is a speed measurement, so it is bench/forecast_held_out.py's
     on a machine left to it (docs/forecast.md: every strategy within 11% at 1 Gbit/s and
@@ -52,7 +53,7 @@ def test_fitted_on_one_node_it_predicts_the_two_node_cells(campaign):
     assert {f["ranks_per_node"] for f in result["fits"]} == {2}
     assert set(result["networks"]) >= {"gloo"}  # DDP's transport, fitted on its probes
     two = {p["strategy"]: p for p in result["predictions"] if p["nodes"] == 2}
-    assert set(two) >= {"distributed-ps", "fsdp", "zero1"}
+    assert set(two) >= {"distributed-ps", "fsdp"}
     report = {s: f"predicted {p['tokens_per_s']:.0f} [{p['tokens_per_s_low']:.0f}-"
                  f"{p['tokens_per_s_high']:.0f}], measured {p['measured']:.0f} "
                  f"[{p['measured_range'][0]:.0f}-{p['measured_range'][1]:.0f}] "
@@ -80,7 +81,6 @@ def test_fitted_on_one_node_it_predicts_the_two_node_cells(campaign):
             else:
                 assert pair in rank["cannot_tell_apart"], rank
     assert two["fsdp"]["terms"]["serial_s"] > 0 and two["fsdp"]["terms"]["overlapped_s"] == 0
-    assert two["zero1"]["terms"]["serial_s"] > 0  # its broadcast after the optimizer step
     assert two["distributed-ps"]["terms"]["serial_s"] == 0
     one = [p for p in result["predictions"] if p["nodes"] == 1]
     for p in one:  # the cells it was fitted on: their own medians back
