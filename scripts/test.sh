@@ -15,11 +15,10 @@ fi
 export OMP_NUM_THREADS=1
 # Three pytest processes at once: the tests that need the Slurm cluster, in order, and the
 # others split in two (tests/conftest.py SECOND_LOCAL_STREAM).
-# Why: a Slurm test leaves the CPUs about half idle while it waits for the scheduler, sacct and
-# requeues (measured: 49% idle over test_compare.py and test_preemption.py), and the tests that
-# start local processes fill that time; one process of them left a core idle whenever it ran a
-# one-process test beside a waiting Slurm test (measured on 2026-12-06: 2265 CPU-s counted in 24
-# minutes on 2 cores). The Slurm tests of the debug partition stay one at a time, so none
+# Why: a Slurm test leaves the CPUs idle while it waits for the scheduler, sacct and requeues,
+# and the tests that start local processes fill that time; with one process of them, a core sat
+# idle whenever it ran a one-process test beside a waiting Slurm test (docs/performance.md,
+# "Test time"). The Slurm tests of the debug partition stay one at a time, so none
 # depends on which nodes Slurm hands out; those of the gpu partition (its own nodes, marked
 # gpu_partition) run in a local stream, beside them.
 work=$(mktemp -d "${TMPDIR:-/tmp}/hpcdp-test.XXXXXX")
