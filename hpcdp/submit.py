@@ -192,9 +192,9 @@ def submit_lock(run_dirs: list[Path]):
 
 
 def rendered_file() -> Path:
-    """The scripts hpcdp wrote for plain sbatch (render, compare --render), one JSON line each:
-    a job started from one by hand writes its log into the run folder, where read_records
-    finds it."""
+    """The job scripts hpcdp wrote (render, submit, compare, run), one JSON line each: a job
+    started from one by hand with plain sbatch writes its log into the run folder, where
+    read_records finds it."""
     return state_file().parent / "rendered.jsonl"
 
 
