@@ -114,5 +114,11 @@ def test_every_strategy_resumes_with_the_uninterrupted_losses(slurm_cluster, req
                              check=True)
     (row,) = json.loads(harvest.stdout)["runs"]
     assert (row["segments"], row["restarts"], row["state"]) == (2, 1, "COMPLETED")
-    # The planned stop's exit 143, in srun's words, is no error (issue 48, item 10).
+    # The planned stop's exit 143, in srun's words, is no error (issue 48, item 10), and
+    # status counts both segments' time, not the last one's only.
     assert not [n for n in row["notes"] if "error line" in n], row["notes"]
+    status = subprocess.run([sys.executable, "-m", "hpcdp", "status", "--json", "--last", "1000"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True)
+    (shown,) = [r for r in json.loads(status.stdout)
+                if r["job_id"] == requeued_ddp["infos"]["stopped"].job_id]
+    assert shown["elapsed_s"] > shown["segment_elapsed_s"] > 0, shown
