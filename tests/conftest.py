@@ -224,7 +224,8 @@ def weird_tmp_path(tmp_path: Path) -> Path:
 SECOND_LOCAL_STREAM = {"test_train_strategies.py", "test_train_resume.py",
                        "test_checkpoint_damage.py", "test_smoke_settings.py",
                        "test_accumulation_comm.py", "test_corpora_train.py",
-                       "test_train_metrics.py", "test_train_cli.py", "test_horovod_install.py"}
+                       "test_train_metrics.py", "test_train_cli.py", "test_horovod_install.py",
+                       "test_harvest_real.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_jobs import records, sets, wait_all
+from slurm_jobs import beside_partition, records, sets, wait_all
 
 SETTINGS = sets("data.corpus=synthetic", "train.eval_interval=0", "cluster.cpu_ranks_per_node=2")
 
@@ -36,16 +36,18 @@ def steps_and_world(run_dir: Path) -> tuple[list[int], int, dict]:
 
 
 @pytest.mark.slurm
+@pytest.mark.gpu_partition  # its 2 nodes are enough: it runs beside the debug partition's tests
 def test_a_sharded_run_moves_from_2x2_ranks_to_1x2_and_back(slurm_cluster, tmp_path):
+    settings = [*SETTINGS, *sets(f"cluster.partition={beside_partition()}")]
     first = submitted(hpcdp("submit", "-s", "fsdp", "--nodes", "2", "--out", str(tmp_path / "a"),
-                            *SETTINGS, *sets("train.steps=4"), "--wait", cwd=tmp_path))
+                            *settings, *sets("train.steps=4"), "--wait", cwd=tmp_path))
     steps, world, header = steps_and_world(first)
     assert (steps, world) == ([1, 2, 3, 4], 4)
     micro = header["config"]["train"]["micro_batch_size"]
 
     # 1 node x 2 ranks: micro_batch_size doubled keeps the sequences per micro-step
     done = hpcdp("submit", "-s", "fsdp", "--nodes", "1", "--out", str(tmp_path / "b"),
-                 "--resume-from", str(first), *SETTINGS, *sets("train.steps=7"), "--wait",
+                 "--resume-from", str(first), *settings, *sets("train.steps=7"), "--wait",
                  cwd=tmp_path)
     second = submitted(done)
     steps, world, header = steps_and_world(second)
@@ -57,7 +59,7 @@ def test_a_sharded_run_moves_from_2x2_ranks_to_1x2_and_back(slurm_cluster, tmp_p
 
     # and back on 2 x 2, from the 1-node folder's own checkpoint; by hand with plain sbatch
     rendered = hpcdp("render", "-s", "fsdp", "--nodes", "2", "--out", str(tmp_path / "c"),
-                     "--resume-from", str(second), *SETTINGS, *sets("train.steps=9"),
+                     "--resume-from", str(second), *settings, *sets("train.steps=9"),
                      cwd=tmp_path)
     assert rendered.returncode == 0, rendered.stderr
     script = next((tmp_path / "c").rglob("job.sbatch"))
