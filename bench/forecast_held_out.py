@@ -8,7 +8,7 @@ campaign's own network probe (gloo's all-reduce at its largest size, before the 
 as a multiple of that (at least 5x).
 
     python bench/forecast_held_out.py [--rates 1gbit,250mbit] [--repeats 3] [--steps 20]
-                                      [--probe-max-mb 16]
+                                      [--probe-max-mb 16] [--set KEY=VALUE ...]
 
 Needs the local cluster (`hpcdp cluster up`) with its node network, and the machine to itself:
 the test suite makes a looser check of the same kind beside its other tests
@@ -29,13 +29,14 @@ HPCDP = [sys.executable, "-m", "hpcdp"]
 STRATEGIES = "distributed-ps,horovod,fsdp,zero1"
 
 
-def campaign(out: Path, repeats: int, steps: int, probe_max_mb: float) -> Path:
+def campaign(out: Path, repeats: int, steps: int, probe_max_mb: float,
+             extra: list[str]) -> Path:
     # The probe's largest message: the local profile's 4 MiB keeps the suite quick; a link's
     # rate is read from large messages, where a collective's fixed costs are a small share.
     sets = [f"matrix.strategies=[{STRATEGIES}]", "matrix.nodes=[1,2]", f"train.steps={steps}",
             "train.eval_interval=0", "train.checkpoint_interval=0", "cluster.partition=gpu",
             "cluster.cpu_ranks_per_node=2", "train.micro_batch_size=4",
-            f"cluster.env.HPCDP_ALLREDUCE_MAX_MB={probe_max_mb:g}"]
+            f"cluster.env.HPCDP_ALLREDUCE_MAX_MB={probe_max_mb:g}", *extra]
     done = subprocess.run([*HPCDP, "compare", "--out", str(out), "--repeats", str(repeats),
                            *[a for s in sets for a in ("--set", s)], "--wait"],
                           capture_output=True, text=True)
@@ -78,13 +79,15 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--probe-max-mb", type=float, default=16)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="another setting of every campaign (hpcdp compare --set)")
     args = p.parse_args()
     try:
         for rate in args.rates.split(","):
             subprocess.run([*HPCDP, "cluster", "link", "--rate", rate], check=True,
                            capture_output=True)
             folder = campaign(Path(tempfile.mkdtemp(prefix=f"held-out-{rate}-")), args.repeats,
-                              args.steps, args.probe_max_mb)
+                              args.steps, args.probe_max_mb, args.set)
             result = json.loads(subprocess.run(
                 [*HPCDP, "forecast", str(folder), "--fit-nodes", "1", "--nodes", "2",
                  "--format", "json"], capture_output=True, text=True, check=True).stdout)
