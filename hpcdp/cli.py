@@ -243,8 +243,6 @@ def cmd_submit(args) -> int:
     with submit.submit_lock([job.run_dir for job in ordered]):
         folder_checks.prepare(jobs, experiment, fresh=args.fresh, submitting=jobs)
         take_back = render.write_jobs(ordered, experiment)
-        for job in jobs:  # its script may be sbatch'ed again by hand
-            submit.record_rendered(job, profile.name, experiment.name)
         for i, job in enumerate(ordered):
             try:
                 record = submit.submit_job(
@@ -354,8 +352,8 @@ def cmd_compare(args) -> int:
         folder_checks.prepare(jobs, experiment, fresh=args.fresh, campaign=plan.folder,
                               submitting=None if args.render else [plan.job])
         take_back = campaign.write(plan)
-        submit.record_rendered(plan.job, profile.name, experiment.name, label="compare")
         if args.render:  # the whole campaign on disk, for plain sbatch
+            submit.record_rendered(plan.job, profile.name, experiment.name, label="compare")
             print(f"wrote the campaign of {len(plan.cells)} cells to {plan.folder}: "
                   f"{campaign.SCRIPT_NAME}, campaign.json and every cell's and probe's script")
             print(f"  run it with: sbatch {shlex.quote(str(plan.job.script_path))}")

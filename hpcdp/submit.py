@@ -192,9 +192,9 @@ def submit_lock(run_dirs: list[Path]):
 
 
 def rendered_file() -> Path:
-    """The job scripts hpcdp wrote (render, submit, compare, run), one JSON line each: a job
-    started from one by hand with plain sbatch writes its log into the run folder, where
-    read_records finds it."""
+    """The job scripts hpcdp wrote without submitting them (render, compare --render, run), one
+    JSON line each: a job started from one by hand with plain sbatch writes its log into the run
+    folder, where read_records finds it (as in the folders of the jobs hpcdp submitted)."""
     return state_file().parent / "rendered.jsonl"
 
 
@@ -220,20 +220,27 @@ def read_records() -> list[dict]:
 
 
 def _started_by_hand(submitted: list[dict]) -> list[dict]:
-    """The jobs whose logs (slurm-JOB.out) are in a rendered script's run folder and that
-    hpcdp did not submit. Their time is the script's: sbatch's own is not in the folder."""
+    """The jobs whose logs (slurm-JOB.out) are in a run folder hpcdp wrote a script into (one it
+    submitted, or one rendered for plain sbatch) and that hpcdp did not submit. Their time is
+    the script's: sbatch's own is not in the folder."""
     known = {r["job_id"] for r in submitted}
-    rendered = {r["run_dir"]: r for r in _read_json_lines(rendered_file())}  # newest per folder
+    # The folder's newest record describes the script in it (a submitted job's, or a render's).
+    folders = {r["run_dir"]: {**r, "rendered_at": r.get("submitted_at", 0.0)} for r in submitted}
+    folders.update((r["run_dir"], r) for r in _read_json_lines(rendered_file()))
     found = []
     prefix, suffix = slurm.JOB_LOG.split("{job_id}")
-    for run_dir, record in rendered.items():
+    for run_dir, record in folders.items():
         for log in sorted(Path(run_dir).glob(slurm.job_log_name("*"))):
             job_id = log.name[len(prefix):len(log.name) - len(suffix)]
             if job_id.isdigit() and job_id not in known:
-                found.append({**{k: v for k, v in record.items() if k != "rendered_at"},
+                found.append({**{k: v for k, v in record.items() if k not in _PER_JOB},
                               "job_id": job_id, "log": str(log), "by_hand": True,
                               "submitted_at": record["rendered_at"]})
     return sorted(found, key=lambda r: (r["submitted_at"], int(r["job_id"])))
+
+
+_PER_JOB = ("rendered_at", "job_id", "log", "submitted_at", "after")
+"""Fields of a record that belong to one job, not to the script its folder holds."""
 
 
 def _read_json_lines(path: Path) -> list[dict]:
