@@ -197,12 +197,12 @@ def test_a_node_slurm_declares_failed_is_named_and_the_requeued_job_resumes(
                 "NODE_FAIL)") in followed, followed
 
 
-# The run's steady steps are 3-16, halves 3-9 and 10-16. Seen at step 6, the slower link is in
-# force from step 7 at the earliest: the first half keeps its median (4 of 7 steps fast). The
-# second half is slow wherever the change lands by step 13 (a median of 7 needs 4), which leaves
-# the test 6 steps to notice and set it on a loaded machine. Seen at step 10 instead, it once
-# landed after step 13 and the run was not unsettled.
-SLOW_STEPS, SLOW_AT = 16, 6
+# The run's steady steps are 3-40, halves 3-21 and 22-40. Seen at step 12, the slower link is in
+# force from step 13 at the earliest: the first half keeps its median (10 of 19 steps fast). The
+# second half is slow wherever the change lands by step 31 (a median of 19 needs 10), which leaves
+# the test 19 steps (2-5 s) to notice and set it on a loaded machine. A 16-step run left it 6
+# steps, under a second, and once on CI the change landed too late for the run to be unsettled.
+SLOW_STEPS, SLOW_AT = 40, 12
 
 
 def _job_nodes(job_id: str) -> list[str]:
@@ -242,6 +242,7 @@ def test_a_link_slowed_mid_campaign_shows_in_its_drift_and_the_verdict_calls_no_
             if firsts:
                 slowed = _job_nodes(job_id)
                 assert len(slowed) == 2 and cluster.set_link_rate("250mbit", slowed) == 0
+                slowed_after = max(x["step"] for x in records(firsts[0]) if x["kind"] == "step")
             assert time.monotonic() < deadline, f"no cell reached step {SLOW_AT}"
             time.sleep(0.2)
         infos = wait_all([job_id], timeout_s=400)
@@ -260,4 +261,6 @@ def test_a_link_slowed_mid_campaign_shows_in_its_drift_and_the_verdict_calls_no_
     assert verdict["outcome"] not in ("faster", "equivalent"), verdict
     assert re.match(r"no call on 2 node\(s\): the network changed during the campaign: gloo "
                     r"busbw on 2 nodes -\d+% at its end", verdict["text"]), verdict["text"]
-    assert any(c["unsettled_runs"] for c in result["cells"]), result["cells"]
+    assert any(c["unsettled_runs"] for c in result["cells"]), (
+        f"slowed after step {slowed_after} of {SLOW_STEPS}",
+        [(c["cell"], c["unsettled_runs"]) for c in result["cells"]])
