@@ -569,8 +569,7 @@ def fit(t: Training, metrics: MetricsWriter, log: Callable[[str], None],
         throughput.step_done(time.perf_counter() - t0)
         watchdog.beat(step, throughput.times[-1])
         if step % cfg.log_interval == 0 or step == cfg.steps:
-            last_loss = strategy.mean(result.loss).item()
-            line = throughput.record(step, result, lr, last_loss, phases)
+            line, last_loss = throughput.record(step, result, lr, phases)
             log(line)
         if step == cfg.steps or (cfg.eval_interval and step % cfg.eval_interval == 0):
             last_val = _evaluate(t, step, metrics, log, watchdog)
@@ -636,17 +635,21 @@ class Throughput:
         stop check done (tokens per elapsed second include them)."""
         self.loop_end = time.perf_counter()
 
-    def record(self, step: int, result: StepResult, lr: float, loss: float,
-               phases: dict[str, float]) -> str:
-        """Write the step record; returns the human line."""
+    def record(self, step: int, result: StepResult, lr: float, phases: dict[str, float]
+               ) -> tuple[str, float]:
+        """Write the step record (every rank calls it: the loss and the ranks' work are
+        averaged and gathered in one collective); returns the human line and the loss."""
         t, dt, device, comm = self.t, self.times[-1], self.t.strategy.device, self.comm
         tokens_per_s = t.tokens_per_step / dt
+        exposed = t.strategy.exposed_comm(phases, comm)
+        loss, rank_work = mean_loss_and_rank_work(
+            t.strategy, result.loss, None if exposed is None else dt - exposed)
         self.metrics.write(
             "step", step=step, loss=loss, lr=lr, grad_norm=result.grad_norm.item(),
             loss_scale=t.precision.loss_scale(), skipped=result.skipped, phases_s=phases,
             ddp_comm_s=({k: comm[k] for k in ("allreduce", "exposed", "window")}
                         if comm else None),
-            exposed_comm_s=t.strategy.exposed_comm(phases, comm),
+            exposed_comm_s=exposed, rank_work_s=rank_work,
             allreduce_s=comm["allreduce"] if comm else None,
             allreduce_bytes=comm["bytes"] if comm else None,
             allreduce_calls=comm["calls"] if comm else None, step_time_s=dt,
@@ -658,7 +661,7 @@ class Throughput:
                  if self.peak else None),
         )
         return step_line(step, t.exp.train.steps, loss, lr, tokens_per_s, dt, t.spec.name,
-                         t.strategy.world_size)
+                         t.strategy.world_size), loss
 
     def summary(self) -> dict[str, Any]:
         timed = self.times[self.t.exp.train.warmup_log_steps:] or self.times
@@ -672,6 +675,23 @@ class Throughput:
                 "step_time_s_median": median, "tokens_trained": tokens,
                 "train_elapsed_s": wall,
                 "tokens_per_elapsed_s": tokens / wall if wall else None}
+
+
+def mean_loss_and_rank_work(strategy: Strategy, loss: torch.Tensor, work_s: float | None
+                            ) -> tuple[float, list[float] | None]:
+    """The loss averaged over ranks, and every rank's own work in the step (the step less the
+    communication it waited for) in rank order: each rank puts its work in its own slot, and
+    the one average that the loss needed anyway carries the slots. The forecast's slowest-of-N
+    term is read from their spread. None where there is one rank or the wait is not timed
+    apart from compute (FSDP, DataParallel)."""
+    n = strategy.world_size
+    if n == 1 or work_s is None:
+        return strategy.mean(loss).item(), None
+    values = torch.zeros(n + 1, dtype=torch.float32, device=loss.device)
+    values[0] = loss
+    values[1 + strategy.rank] = work_s * n  # the average divides by n
+    mean, *work = strategy.mean(values).tolist()
+    return mean, [round(w, 6) for w in work]
 
 
 def replica_check(model: torch.nn.Module, strategy: Strategy,

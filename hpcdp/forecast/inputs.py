@@ -91,7 +91,9 @@ def fit_network(probes: list[dict], transport: str) -> Network | None:
                    spread=spread, source=f"{len(mine)} probe(s) over {transport}",
                    max_bytes=max(r[2] for r in all_rows),
                    max_nodes=max(r[1] for r in all_rows), residuals=tuple(residuals),
-                   notes=tuple(notes), library="gloo" if transport == "gloo" else "nccl")
+                   notes=tuple(notes),
+                   # Horovod's probes on a CPU go through MPI or Gloo's rings, not NCCL's tree
+                   library=transport if transport in ("gloo", "nccl") else "mpi")
 
 
 def network_warnings(profile: ClusterProfile) -> list[str]:
@@ -158,6 +160,12 @@ class Fit:
     synchronously (Comm.serial)."""
     measured: dict = field(default_factory=dict)
     """Measured median tokens/s (with range) per node count, for the table and the plot."""
+    rank_spread: float | None = None
+    """How much a rank's own work varies about its step's mean over the ranks (one standard
+    deviation, a share of that mean): the slowest-of-N term's input. None: not measured."""
+    rank_spread_steps: int = 0
+    """Steps the spread was measured over (0: borrowed or not measured)."""
+    rank_spread_source: str = "not measured"
 
 
 def _median(values):
@@ -173,6 +181,25 @@ def _phases(run_dir: Path) -> tuple[float | None, float | None, float | None]:
     total = [sum(v for v in ph.values() if isinstance(v, (int, float))) for ph in later]
     return (_median([ph.get("forward") for ph in later]),
             _median([ph.get("backward") for ph in later]), _median(total))
+
+
+def rank_spread(run_dirs: list[Path]) -> tuple[float, int, int] | None:
+    """(spread, ranks, steps) of the step records' `rank_work_s` (each rank's own work in a
+    step) over the later half of each run: the ranks' standard deviation about each step's
+    mean, pooled over the steps, as a share of the mean work. None where no record has two
+    ranks' work (one rank; FSDP and DataParallel do not time their waits apart)."""
+    squares, dof, means, ranks = 0.0, 0, [], 0
+    for run_dir in run_dirs:
+        works = [r["rank_work_s"] for r in run_folder.read_metrics(run_dir, ("step",))
+                 if isinstance(r.get("rank_work_s"), list) and len(r["rank_work_s"]) > 1]
+        for work in works[len(works) // 2:]:
+            mean = sum(work) / len(work)
+            squares += sum((w - mean) ** 2 for w in work)
+            dof, ranks = dof + len(work) - 1, max(ranks, len(work))
+            means.append(mean)
+    if not dof or sum(means) <= 0:
+        return None
+    return math.sqrt(squares / dof) / (sum(means) / len(means)), ranks, len(means)
 
 
 def _header(run_dir: Path) -> dict:
@@ -226,6 +253,7 @@ def fits_of(cells, fit_nodes: set[int] | None) -> tuple[list[Fit], list[str]]:
             continue
         model, shapes, reshard = model_of(header)
         phases = [_phases(Path(r.run_dir)) for r in runs]
+        spread = rank_spread([Path(r.run_dir) for r in runs])
         fits.append(Fit(
             strategy=cell.strategy, precision=cell.precision or "fp32",
             communication=(cell.communication or "none").split("/")[0], nodes=cell.nodes,
@@ -246,8 +274,29 @@ def fits_of(cells, fit_nodes: set[int] | None) -> tuple[list[Fit], list[str]]:
             state_gb=_median([r.state_gb for r in runs]),
             peak_gb=_median([r.peak_mem_gb for r in runs]),
             memory_measured=runs[0].memory_measured,
-            device=str(header.get("device") or "cuda").split(":")[0]))
+            device=str(header.get("device") or "cuda").split(":")[0],
+            rank_spread=spread[0] if spread else None,
+            rank_spread_steps=spread[2] if spread else 0,
+            rank_spread_source=(f"{spread[1]} ranks' work over {spread[2]} steps of "
+                                f"{len(runs)} run(s)" if spread else "not measured")))
+    _borrow_rank_spread(fits)
     return fits, skipped
+
+
+def _borrow_rank_spread(fits: list[Fit]) -> None:
+    """A fit whose ranks' work was not timed apart from their waits (FSDP, one rank) takes the
+    campaign's other cells' spread, weighted by their steps: the ranks run the same model on
+    the same devices, and how their work varies is the machine's, not the strategy's."""
+    donors = [f for f in fits if f.rank_spread is not None and f.rank_spread_steps]
+    if not donors:
+        return
+    pooled = (sum(f.rank_spread * f.rank_spread_steps for f in donors)
+              / sum(f.rank_spread_steps for f in donors))
+    names = ", ".join(sorted({f.strategy for f in donors}))
+    for fit in fits:
+        if fit.rank_spread is None:
+            fit.rank_spread = pooled
+            fit.rank_spread_source = f"the campaign's {names} cells (its own not timed apart)"
 
 
 

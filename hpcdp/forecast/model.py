@@ -5,6 +5,7 @@ hpcdp/forecast/__init__.py explains the model as a whole."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTE
 HOROVOD_FUSION_BYTES = 64 << 20  # HOROVOD_FUSION_THRESHOLD's default
 ADAM_STATE_TENSORS = 2  # exp_avg, exp_avg_sq, each as large as the parameter
 ADAM_STEP_BYTES = 4  # AdamW's `step`: one float32 scalar per parameter tensor
+TREE_BUSBW_SHARE = 0.9  # NCCL's tuning.cc: a tree reaches 0.9 of the ring's bus bandwidth
 BACKWARD_SHARE = 2 / 3
 """Of forward + backward compute, backward's share by FLOPs (2 of every 3 matmuls): the window
 used where the campaign's phases are not recorded."""
@@ -98,16 +100,41 @@ class Network:
     """(bytes, relative residual) of every probe point, for the table's fit line."""
     notes: tuple = ()
     library: str = "nccl"
-    """Whose algorithms: "nccl" (rings: factors as nccl-tests gives them) or "gloo", whose
-    reduce-scatter costs a whole all-reduce and whose broadcast sends the message from the
-    root to every other rank (measured on the local cluster: docs/forecast.md)."""
+    """Whose algorithms: "nccl" (rings, factors as nccl-tests gives them, and for an
+    all-reduce across nodes the tree where NCCL's own cost model prefers it), "mpi" (rings
+    only: Horovod's probes on a CPU) or "gloo", whose reduce-scatter costs a whole all-reduce
+    and whose broadcast sends the message from the root to every other rank (measured on the
+    local cluster: docs/forecast.md)."""
 
     def collective_s(self, op: str, nbytes: float, ranks: int, nodes: int,
                      calls: int = 1) -> float:
         """One collective of `nbytes` over `ranks` ranks spread on `nodes` nodes, issued as
         `calls` messages (buckets, FSDP units)."""
+        return self.collective(op, nbytes, ranks, nodes, calls)[0]
+
+    def collective(self, op: str, nbytes: float, ranks: int, nodes: int, calls: int = 1
+                   ) -> tuple[float, float, str]:
+        """(seconds, of which latency, algorithm) of collective_s's collective. The algorithm
+        is "ring", or "tree" for an NCCL all-reduce across nodes where NCCL would choose it: its
+        latency grows with log2 of the nodes rather than with the nodes, its bandwidth is
+        0.9 x the bus bandwidth at half the ring's bytes per step (NVIDIA/nccl
+        src/graph/tuning.cc: tree busBw x .9, algorithm bandwidth busBw x .5; latency
+        2 x ((ranks per node - 1) x intra + log2(nodes) x inter))."""
+        ring = self._ring(op, nbytes, ranks, nodes, calls)
+        if self.library != "nccl" or op != "all_reduce" or nodes < 2 or ranks <= 1 \
+                or nbytes <= 0:
+            return (*ring, "ring")
+        per_node = max(1, ranks // nodes)
+        latency = calls * 2 * ((per_node - 1) * self.intra_lat_s
+                               + math.ceil(math.log2(nodes)) * self.inter_lat_s)
+        tree = latency + nbytes * 2 / (TREE_BUSBW_SHARE * self.inter_busbw)
+        return (tree, latency, "tree") if tree < ring[0] else (*ring, "ring")
+
+    def _ring(self, op: str, nbytes: float, ranks: int, nodes: int, calls: int
+              ) -> tuple[float, float]:
+        """(seconds, of which latency) over rings (and gloo's own broadcast)."""
         if ranks <= 1 or nbytes <= 0:
-            return 0.0
+            return 0.0, 0.0
         n = ranks
         gloo = self.library == "gloo"
         if gloo and op == "reduce_scatter":
@@ -124,8 +151,34 @@ class Network:
             factor = n - n // nodes if nodes > 1 else n - 1
         latency = (steps - inter_steps) * self.intra_lat_s + inter_steps * self.inter_lat_s
         busbw = self.inter_busbw if nodes > 1 else self.intra_busbw
-        return calls * latency + nbytes * factor / busbw
+        return calls * latency + nbytes * factor / busbw, calls * latency
 
+
+
+# ------------------------------------------------------------------------- the slowest of N ranks
+
+@functools.cache
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals]: 0 for one, 0.564 for two, 1.424 for 8,
+    2.595 for 128 (a numerical integral of x n phi(x) Phi(x)^(n-1) over +-8 sigma)."""
+    if n <= 1:
+        return 0.0
+    dx, total = 2e-3, 0.0
+    for i in range(-4_000, 4_000):
+        x = (i + 0.5) * dx
+        pdf = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        total += x * n * pdf * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1) * dx
+    return total
+
+
+def straggler_s(work_s: float, spread: float | None, ranks: int, fitted_ranks: int) -> float:
+    """What waiting for the slowest of `ranks` adds to a step beyond what the fit's
+    `fitted_ranks` already waited for: every rank's work varies by `spread` (a share of
+    `work_s`, one standard deviation) from step to step, every rank waits for the slowest, and
+    the slowest of N lies sigma x E[max of N] above the mean, which grows with N."""
+    if not spread:
+        return 0.0
+    return spread * work_s * (expected_max_normal(ranks) - expected_max_normal(fitted_ranks))
 
 
 # ---------------------------------------------------------------------------- what a step sends
@@ -222,6 +275,27 @@ def comm_terms(spec: registry.StrategySpec, model: Model, net: Network, nodes: i
         # is broadcast from its owner, one call per tensor (parameters_as_bucket_view=False).
         serial = net.collective_s("broadcast", p, n, nodes, calls=model.tensors or model.units)
     return Comm(overlapped=reduce - tail, tail=tail, serial=serial)
+
+
+class _LatencyOnly:
+    """A Network whose collectives cost only their latency: comm_terms through it gives the
+    latency part of each term, under the algorithm the whole collective takes."""
+
+    def __init__(self, net: Network) -> None:
+        self.net = net
+
+    def collective_s(self, op: str, nbytes: float, ranks: int, nodes: int,
+                     calls: int = 1) -> float:
+        return self.net.collective(op, nbytes, ranks, nodes, calls)[1]
+
+
+def latency_s(spec: registry.StrategySpec, model: Model, net: Network, nodes: int,
+              ranks_per_node: int, reshard_after_forward: bool = True,
+              streams: bool = True) -> float:
+    """Of one optimizer step's collectives (comm_terms' total), the seconds that are latency:
+    the part that grows with the ring's steps (or a tree's depth), not with the bytes."""
+    return comm_terms(spec, model, _LatencyOnly(net), nodes, ranks_per_node,  # type: ignore
+                      reshard_after_forward, streams).total
 
 
 def comm_s(spec: registry.StrategySpec, model: Model, net: Network, nodes: int,

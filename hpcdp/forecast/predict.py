@@ -8,7 +8,17 @@ from dataclasses import dataclass, field
 
 from hpcdp import strategies as registry
 from hpcdp.forecast.inputs import Fit
-from hpcdp.forecast.model import BACKWARD_SHARE, Comm, Network, comm_terms, split_step, state_bytes
+from hpcdp.forecast.model import (
+    BACKWARD_SHARE,
+    DDP_BUCKET_BYTES,
+    Comm,
+    Network,
+    comm_terms,
+    latency_s,
+    split_step,
+    state_bytes,
+    straggler_s,
+)
 
 
 @dataclass
@@ -36,7 +46,12 @@ class Prediction:
     flags: list[str] = field(default_factory=list)
     why_none: str | None = None
     terms: dict = field(default_factory=dict)
-    """The step's parts in seconds (Comm's terms, the compute and its window)."""
+    """The step's parts in seconds: compute, the slowest-of-N wait, Comm's terms and the
+    window that hides them; and, within the collectives, their latency."""
+    sources: dict = field(default_factory=dict)
+    """Where each term came from, in words."""
+    allreduce_algorithm: str | None = None
+    """What a gradient bucket's all-reduce takes at this size ("ring" or NCCL's "tree")."""
 
 
 ONE_RUN = "1 run: no interval (repeats give one: hpcdp compare --repeats 3)"
@@ -103,14 +118,23 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     comm = comm_terms(spec, fit.model, net, nodes, ranks_per_node, fit.reshard_after_forward,
                       streams) if needs_net else Comm()
     spread = net.spread if net else 0.0
+    # The ranks' spread is the campaign's machine's: it carries to a target of that device type
+    same_devices = target_device is None or target_device == fit.device
+    wait = straggler_s(compute, fit.rank_spread if same_devices else None, gpus,
+                       fit.nodes * fit.ranks_per_node)
 
     def step(c_scale: float, n_scale: float) -> float:
-        return compute * c_scale + comm.exposed(window, n_scale)
+        return (compute + wait) * c_scale + comm.exposed(window, n_scale)
 
     out.step_s = step(1, 1)
-    out.compute_s, out.comm_s, out.exposed_s = compute, comm.total, out.step_s - compute
-    out.terms = {"compute_s": compute, "window_s": window, "overlapped_s": comm.overlapped,
-                 "tail_s": comm.tail, "serial_s": comm.serial}
+    out.compute_s, out.comm_s, out.exposed_s = compute, comm.total, comm.exposed(window)
+    out.terms = {"compute_s": compute, "straggler_s": wait, "window_s": window,
+                 "overlapped_s": comm.overlapped, "tail_s": comm.tail, "serial_s": comm.serial,
+                 "latency_s": latency_s(spec, fit.model, net, nodes, ranks_per_node,
+                                        fit.reshard_after_forward, streams) if needs_net else 0.0}
+    out.sources = _sources(fit, net if needs_net else None, same_devices, scale)
+    if needs_net and spec.sharding not in ("full", "in-node"):
+        out.allreduce_algorithm = net.collective("all_reduce", DDP_BUCKET_BYTES, gpus, nodes)[2]
     out.tokens_per_s = tokens_per_step / out.step_s
     out.hours = tokens / out.tokens_per_s / 3600
     if len(fit.step_s) > 1:
@@ -130,6 +154,26 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
         out.memory_gb = out.state_gb + max(0.0, fit.peak_gb - fit.state_gb)
     out.flags += _flags(fit, net if needs_net else None, nodes, measured)
     return out
+
+
+def _sources(fit: Fit, net: Network | None, same_devices: bool, scale: float) -> dict:
+    """Where each of a prediction's terms came from."""
+    compute = (f"{fit.strategy} {fit.precision}'s median step at {fit.nodes} node(s) x "
+               f"{fit.ranks_per_node}, less the modelled communication it exposed"
+               + (f", x {scale:.3g} (batch or device)" if scale != 1 else ""))
+    if fit.rank_spread is None:
+        straggler = "not measured (no step record holds two ranks' work): 0"
+    elif not same_devices:
+        straggler = f"not carried: measured on {fit.device}, the target's devices differ: 0"
+    else:
+        straggler = (f"ranks' work varies {fit.rank_spread:.1%} (one sd) from "
+                     f"{fit.rank_spread_source}; the slowest of N lies sd x E[max of N normals] "
+                     "above the mean")
+    window = ("the exposed communication measured (what hid is the window)"
+              if fit.exposed_s else "the campaign's backward (and forward) share of compute")
+    comm = f"network {net.source}" if net else "none: no collectives modelled"
+    return {"compute_s": compute, "straggler_s": straggler, "window_s": window,
+            "overlapped_s": comm, "tail_s": comm, "serial_s": comm, "latency_s": comm}
 
 
 def _why_not(spec: registry.StrategySpec, fit: Fit, net: Network | None, nodes: int,

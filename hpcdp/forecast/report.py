@@ -71,7 +71,9 @@ def render_text(fc: Forecast, markdown: bool = False) -> str:
     for fit in fc.fits:
         lines.append(f"  fitted on {fit.strategy} {fit.precision}: {fit.nodes} node(s) x "
                      f"{fit.ranks_per_node}, {len(fit.step_s)} run(s), step "
-                     f"{statistics.median(fit.step_s) * 1e3:.1f} ms")
+                     f"{statistics.median(fit.step_s) * 1e3:.1f} ms"
+                     + (f", ranks' work varies {fit.rank_spread:.1%} ({fit.rank_spread_source})"
+                        if fit.rank_spread is not None else ""))
     for name, net in fc.networks.items():
         resid = sorted(abs(r) for _, r in net.residuals)
         fit_line = (f"; fit residuals median {statistics.median(resid):.0%}, "

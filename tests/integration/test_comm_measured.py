@@ -70,6 +70,10 @@ def test_ddp_all_reduce_is_measured_on_every_step(local_ddp_run):
         # Every bucket of the gradient, once: the header's bytes on the wire.
         assert r["allreduce_bytes"] == header["grad_bytes_per_step"] and r["allreduce_calls"] >= 1
         assert comm["window"] < r["step_time_s"]
+        # Each rank's own work, gathered with the loss: rank 0's is its step less its wait
+        work = r["rank_work_s"]
+        assert len(work) == 2 and all(0 < w <= r["step_time_s"] * 1.001 for w in work), work
+        assert work[0] == pytest.approx(r["step_time_s"] - comm["exposed"], rel=1e-4, abs=1e-6)
     # Measured, not the reducer's frozen averages: every late step its own figure.
     late = [r["ddp_comm_s"]["allreduce"] for r in records[10:]]
     assert len(set(late)) == len(late), late
@@ -91,6 +95,7 @@ def test_data_parallel_communication_is_unmeasured_not_zero(tmp_path):
     records = [r for r in _records(tmp_path) if r["kind"] == "step"]
     assert len(records) == 3
     assert all(r["exposed_comm_s"] is None and r["allreduce_s"] is None for r in records)
+    assert all(r["rank_work_s"] is None for r in records)  # one process: no ranks to compare
 
 
 def test_the_probe_sweeps_sizes_and_sums_fp16_exactly_at_four_ranks(tmp_path):

@@ -65,10 +65,20 @@ def test_fitted_on_one_node_it_predicts_the_two_node_cells(campaign):
         assert p["tokens_per_s_low"] <= p["tokens_per_s"] <= p["tokens_per_s_high"]
         assert not any(f.startswith("fitted at 1 rank") for f in p["flags"])
         terms = p["terms"]
-        assert set(terms) == {"compute_s", "window_s", "overlapped_s", "tail_s", "serial_s"}
+        assert set(terms) == {"compute_s", "straggler_s", "window_s", "overlapped_s", "tail_s",
+                              "serial_s", "latency_s"} == set(p["sources"])
         exposed = terms["tail_s"] + terms["serial_s"] + max(0.0, terms["overlapped_s"]
                                                            - terms["window_s"])
-        assert p["step_s"] == pytest.approx(terms["compute_s"] + exposed)
+        assert p["step_s"] == pytest.approx(terms["compute_s"] + terms["straggler_s"] + exposed)
+        comm = terms["overlapped_s"] + terms["tail_s"] + terms["serial_s"]
+        assert 0 <= terms["latency_s"] <= comm
+    # The slowest of 4 ranks waits longer than the slowest of the 2 the fit measured: DDP's and
+    # Horovod's ranks timed their own work; fsdp's did not, and borrows their spread
+    fits = {f["strategy"]: f for f in result["fits"]}
+    assert fits["distributed-ps"]["rank_spread"] > 0
+    assert fits["distributed-ps"]["rank_spread_source"].startswith("2 ranks' work over")
+    assert fits["fsdp"]["rank_spread_source"].startswith("the campaign's ")
+    assert all(p["terms"]["straggler_s"] > 0 for p in two.values()), report
     # The ranking at 2 nodes: overlapping intervals can't be told apart, the others are ahead
     rank = next(r for r in result["ranking"] if r["nodes"] == 2)
     for a in two.values():

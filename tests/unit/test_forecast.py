@@ -226,3 +226,103 @@ def test_submit_and_compare_warn_before_queuing_a_cell_that_cannot_fit(tmp_path)
     assert "GB per rank" not in small.stderr
     campaign = run("compare", "--set", "train.micro_batch_size=32")
     assert campaign.stderr.count("GB per rank") >= 6  # every cell of the paper's matrix
+
+
+def test_nccl_takes_the_tree_where_its_model_does_and_the_latency_is_shown_apart():
+    """NCCL's cost model (src/graph/tuning.cc): an all-reduce across nodes takes the tree where
+    it is faster: small messages on many nodes, whose ring pays 2(nodes-1) inter-node steps
+    where the tree pays 2 log2(nodes). Large messages stay on the ring (the tree reaches 0.9 of
+    the bus bandwidth at half the ring's bytes per step). MPI and gloo keep their rings."""
+    seconds, latency, algorithm = NET.collective("all_reduce", 65536, 512, 64)
+    tree_latency = 2 * (7 * 2e-6 + 6 * 10e-6)
+    assert algorithm == "tree" and latency == pytest.approx(tree_latency)
+    assert seconds == pytest.approx(tree_latency + 65536 * 2 / (0.9 * 20e9))
+    ring_latency = (1022 - 126) * 2e-6 + 126 * 10e-6
+    assert ring_latency > 10 * tree_latency
+    big = NET.collective("all_reduce", 1e9, 16, 2)
+    assert big[2] == "ring" and big[1] == pytest.approx(28 * 2e-6 + 2 * 10e-6)
+    mpi = forecast.Network(**{**NET.__dict__, "library": "mpi"})
+    assert mpi.collective("all_reduce", 65536, 512, 64)[1:] == (pytest.approx(ring_latency),
+                                                                "ring")
+    # the latency term: DDP's gradient in one 25 MiB bucket at 2 nodes x 2, one ring's latency
+    from hpcdp import strategies
+
+    ddp = strategies.get("distributed-ps")
+    per_call = 4 * 2e-6 + 2 * 10e-6  # 6 steps, 2 of them across nodes
+    assert forecast.latency_s(ddp, TINY, NET, 2, 2) == pytest.approx(per_call)
+    assert forecast.latency_s(ddp, TINY, NET, 1, 1) == 0.0
+
+
+def test_the_slowest_of_n_ranks_grows_with_n_from_the_ranks_measured_spread():
+    e = forecast.expected_max_normal
+    assert e(1) == 0.0
+    assert e(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-4)
+    assert e(3) == pytest.approx(3 / (2 * math.sqrt(math.pi)), rel=1e-4)
+    assert e(2) < e(8) < e(64) < e(1024) < 3.3
+    assert forecast.straggler_s(0.1, 0.05, 8, 2) == pytest.approx(0.1 * 0.05 * (e(8) - e(2)))
+    assert forecast.straggler_s(0.1, None, 8, 2) == 0.0
+
+
+def _fit(**overrides) -> forecast.Fit:
+    values = dict(strategy="distributed-ps", precision="fp32", communication="nccl", nodes=1,
+                  ranks_per_node=2, step_s=[0.10, 0.11, 0.12], exposed_s=0.002,
+                  forward_s=0.03, backward_s=0.06, phases_s=0.1, tokens_per_step=2048,
+                  micro_batch=8, accum=1, scaling="weak", global_batch=16, model=TINY,
+                  shapes=[], reshard_after_forward=True, state_gb=None, peak_gb=None,
+                  memory_measured=None, device="cpu", rank_spread=0.05,
+                  rank_spread_steps=30, rank_spread_source="2 ranks' work over 30 steps")
+    return forecast.Fit(**{**values, **overrides})
+
+
+def test_a_prediction_adds_the_slowest_rank_and_says_where_each_term_came_from():
+    fit = _fit()
+    args = dict(tokens=1e6, measured={}, billing_per_node_hour=None)
+    same = forecast.predict(fit, NET, 1, 2, **args)
+    assert same.terms["straggler_s"] == 0.0  # the fit's own ranks: already in its step
+    assert same.step_s == pytest.approx(0.11, rel=1e-6)
+    far = forecast.predict(fit, NET, 8, 2, **args)
+    e = forecast.expected_max_normal
+    assert far.terms["straggler_s"] == pytest.approx(0.05 * far.compute_s * (e(16) - e(2)))
+    assert far.step_s == pytest.approx(far.compute_s + far.terms["straggler_s"]
+                                       + far.exposed_s)
+    assert set(far.sources) == set(far.terms)
+    assert "5.0%" in far.sources["straggler_s"] and "30 steps" in far.sources["straggler_s"]
+    assert far.allreduce_algorithm == "ring"
+    # measured on a CPU, it does not carry to a GPU cluster
+    gpu = forecast.predict(fit, NET, 8, 2, **args, target_device="cuda")
+    assert gpu.terms["straggler_s"] == 0.0 and "not carried" in gpu.sources["straggler_s"]
+    unmeasured = forecast.predict(_fit(rank_spread=None), NET, 8, 2, **args)
+    assert unmeasured.terms["straggler_s"] == 0.0
+    assert unmeasured.sources["straggler_s"].startswith("not measured")
+
+
+def test_the_ranks_spread_is_read_from_the_step_records_and_lent_to_cells_without_one(
+        tmp_path):
+    import json
+
+    from hpcdp import run_folder
+    from hpcdp.forecast import inputs
+
+    def run(name: str, works: list[list[float]]) -> object:
+        folder = tmp_path / name
+        folder.mkdir()
+        lines = [{"kind": "header"}] + [{"kind": "step", "step": i + 1, "rank_work_s": w}
+                                        for i, w in enumerate(works)]
+        (folder / run_folder.METRICS_FILE).write_text(
+            "".join(json.dumps(r) + "\n" for r in lines))
+        return folder
+
+    # the first half of each run is warm-up, left out; the later steps are 1.0 +- 0.1
+    a = run("a", [[5.0, 1.0]] * 2 + [[0.9, 1.1], [1.1, 0.9]])
+    b = run("b", [[0.9, 1.1]] * 2)
+    spread, ranks, steps = forecast.rank_spread([a, b])
+    assert (ranks, steps) == (2, 3)
+    assert spread == pytest.approx(math.sqrt(3 * 2 * 0.01 / 3))  # sd 0.141 of a mean 1.0
+    assert forecast.rank_spread([run("c", [[None]] * 2)]) is None
+    fits = [_fit(strategy="fsdp", rank_spread=None, rank_spread_steps=0),
+            _fit(rank_spread=0.04, rank_spread_steps=10),
+            _fit(strategy="horovod", rank_spread=0.08, rank_spread_steps=30)]
+    inputs._borrow_rank_spread(fits)
+    assert fits[0].rank_spread == pytest.approx((0.04 * 10 + 0.08 * 30) / 40)
+    assert fits[0].rank_spread_source == ("the campaign's distributed-ps, horovod cells (its own "
+                                          "not timed apart)")
