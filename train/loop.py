@@ -678,20 +678,25 @@ class Throughput:
 
 
 def mean_loss_and_rank_work(strategy: Strategy, loss: torch.Tensor, work_s: float | None
-                            ) -> tuple[float, list[float] | None]:
-    """The loss averaged over ranks, and every rank's own work in the step (the step less the
-    communication it waited for) in rank order: each rank puts its work in its own slot, and
-    the one average that the loss needed anyway carries the slots. The forecast's slowest-of-N
-    term is read from their spread. None where there is one rank or the wait is not timed
-    apart from compute (FSDP, DataParallel)."""
+                            ) -> tuple[float, dict[str, float] | None]:
+    """The loss averaged over ranks, and how the ranks' own work in the step (each one's step
+    less the communication it waited for) spread: each rank puts its work in its own slot, and
+    the one average that the loss needed anyway carries the slots. Written as a summary (ranks,
+    mean, sd, min, max, the slowest rank), a few numbers at any world size; the forecast's
+    slowest-of-N term is read from its sd. None where there is one rank or the wait is not
+    timed apart from compute (FSDP, DataParallel)."""
     n = strategy.world_size
     if n == 1 or work_s is None:
         return strategy.mean(loss).item(), None
-    values = torch.zeros(n + 1, dtype=torch.float32, device=loss.device)
+    values = torch.zeros(n + 1, dtype=torch.float32, device=loss.device)  # as the loss
     values[0] = loss
     values[1 + strategy.rank] = work_s * n  # the average divides by n
-    mean, *work = strategy.mean(values).tolist()
-    return mean, [round(w, 6) for w in work]
+    mean_loss, *work = strategy.mean(values).tolist()
+    mean = sum(work) / n
+    slowest = max(range(n), key=work.__getitem__)
+    return mean_loss, {"ranks": n, "mean": mean,
+                       "sd": math.sqrt(sum((w - mean) ** 2 for w in work) / (n - 1)),
+                       "min": min(work), "max": work[slowest], "slowest": slowest}
 
 
 def replica_check(model: torch.nn.Module, strategy: Strategy,

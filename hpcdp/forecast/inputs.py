@@ -184,18 +184,24 @@ def _phases(run_dir: Path) -> tuple[float | None, float | None, float | None]:
 
 
 def rank_spread(run_dirs: list[Path]) -> tuple[float, int, int] | None:
-    """(spread, ranks, steps) of the step records' `rank_work_s` (each rank's own work in a
-    step) over the later half of each run: the ranks' standard deviation about each step's
-    mean, pooled over the steps, as a share of the mean work. None where no record has two
-    ranks' work (one rank; FSDP and DataParallel do not time their waits apart)."""
+    """(spread, ranks, steps) of the step records' `rank_work_s` (how the ranks' own work in a
+    step spread: ranks, mean, sd) over the later half of each run: the ranks' standard
+    deviation about each step's mean, pooled over the steps, as a share of the mean work. None
+    where no record has two ranks' work (one rank; FSDP and DataParallel do not time their
+    waits apart)."""
     squares, dof, means, ranks = 0.0, 0, [], 0
     for run_dir in run_dirs:
         works = [r["rank_work_s"] for r in run_folder.read_metrics(run_dir, ("step",))
-                 if isinstance(r.get("rank_work_s"), list) and len(r["rank_work_s"]) > 1]
+                 if isinstance(r.get("rank_work_s"), dict)]
         for work in works[len(works) // 2:]:
-            mean = sum(work) / len(work)
-            squares += sum((w - mean) ** 2 for w in work)
-            dof, ranks = dof + len(work) - 1, max(ranks, len(work))
+            try:
+                n, mean, sd = int(work["ranks"]), float(work["mean"]), float(work["sd"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if n < 2 or not (math.isfinite(mean) and math.isfinite(sd)):
+                continue
+            squares += sd * sd * (n - 1)
+            dof, ranks = dof + n - 1, max(ranks, n)
             means.append(mean)
     if not dof or sum(means) <= 0:
         return None

@@ -55,7 +55,8 @@ def check_run(run_dir: Path, job_id: str, world: int, controller: str) -> dict:
     assert len(steps) == 6 and all(r["loss"] > 0 for r in steps)
     assert steps[-1]["loss"] < steps[0]["loss"]
     # every rank's own work (its step less its synchronize), gathered with the loss
-    assert all(len(r["rank_work_s"]) == world and min(r["rank_work_s"]) > 0 for r in steps)
+    assert all(r["rank_work_s"]["ranks"] == world and r["rank_work_s"]["min"] > 0
+               for r in steps)
     assert summary["status"] == "completed" and summary["replicas_identical"] is True
     log = (run_dir / f"slurm-{job_id}.out").read_text()
     assert f"({controller})" in log, log[-2000:]  # the controller Horovod really used

@@ -306,8 +306,11 @@ def test_the_ranks_spread_is_read_from_the_step_records_and_lent_to_cells_withou
     def run(name: str, works: list[list[float]]) -> object:
         folder = tmp_path / name
         folder.mkdir()
-        lines = [{"kind": "header"}] + [{"kind": "step", "step": i + 1, "rank_work_s": w}
-                                        for i, w in enumerate(works)]
+        lines = [{"kind": "header"}] + [
+            {"kind": "step", "step": i + 1, "rank_work_s": {
+                "ranks": len(w), "mean": sum(w) / len(w),
+                "sd": math.sqrt(sum((x - sum(w) / len(w)) ** 2 for x in w) / (len(w) - 1))}}
+            for i, w in enumerate(works)]
         (folder / run_folder.METRICS_FILE).write_text(
             "".join(json.dumps(r) + "\n" for r in lines))
         return folder
@@ -318,7 +321,11 @@ def test_the_ranks_spread_is_read_from_the_step_records_and_lent_to_cells_withou
     spread, ranks, steps = forecast.rank_spread([a, b])
     assert (ranks, steps) == (2, 3)
     assert spread == pytest.approx(math.sqrt(3 * 2 * 0.01 / 3))  # sd 0.141 of a mean 1.0
-    assert forecast.rank_spread([run("c", [[None]] * 2)]) is None
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / run_folder.METRICS_FILE).write_text(
+        '{"kind": "header"}\n' + '{"kind": "step", "step": 1, "rank_work_s": null}\n' * 2)
+    assert forecast.rank_spread([one]) is None
     fits = [_fit(strategy="fsdp", rank_spread=None, rank_spread_steps=0),
             _fit(rank_spread=0.04, rank_spread_steps=10),
             _fit(strategy="horovod", rank_spread=0.08, rank_spread_steps=30)]
