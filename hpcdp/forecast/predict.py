@@ -129,12 +129,9 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     out.step_s = step(1, 1)
     out.compute_s, out.comm_s, out.exposed_s = compute, comm.total, comm.exposed(window)
     out.terms = {"compute_s": compute, "straggler_s": wait, "window_s": window,
-                 "overlapped_s": comm.overlapped, "tail_s": comm.tail, "serial_s": comm.serial,
-                 "latency_s": latency_s(spec, fit.model, net, nodes, ranks_per_node,
-                                        fit.reshard_after_forward, streams) if needs_net else 0.0}
+                 "overlapped_s": comm.overlapped, "tail_s": comm.tail, "serial_s": comm.serial}
+    _latency(out, spec, fit, net if needs_net else None, ranks_per_node, streams)
     out.sources = _sources(fit, net if needs_net else None, same_devices, scale)
-    if needs_net and spec.sharding not in ("full", "in-node"):
-        out.allreduce_algorithm = net.collective("all_reduce", DDP_BUCKET_BYTES, gpus, nodes)[2]
     out.tokens_per_s = tokens_per_step / out.step_s
     out.hours = tokens / out.tokens_per_s / 3600
     if len(fit.step_s) > 1:
@@ -147,13 +144,29 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     out.gpu_hours = out.hours * gpus
     if billing_per_node_hour is not None:
         out.billing = billing_per_node_hour * nodes * out.hours
-    # Memory: the state as this strategy shards it at N, plus what the campaign measured
-    # beyond its state (activations, buffers; the process itself on a CPU).
-    out.state_gb = state_bytes(spec.sharding, fit.shapes, gpus, ranks_per_node) / 1e9
-    if fit.peak_gb is not None and fit.state_gb is not None:
-        out.memory_gb = out.state_gb + max(0.0, fit.peak_gb - fit.state_gb)
+    _memory(out, spec, fit, ranks_per_node)
     out.flags += _flags(fit, net if needs_net else None, nodes, measured)
     return out
+
+
+def _latency(out: Prediction, spec: registry.StrategySpec, fit: Fit, net: Network | None,
+             ranks_per_node: int, streams: bool) -> None:
+    """The collectives' latency (within their terms, shown apart) and the algorithm a
+    gradient bucket's all-reduce takes at this size."""
+    out.terms["latency_s"] = latency_s(spec, fit.model, net, out.nodes, ranks_per_node,
+                                       fit.reshard_after_forward, streams) if net else 0.0
+    if net and spec.sharding not in ("full", "in-node"):
+        out.allreduce_algorithm = net.collective("all_reduce", DDP_BUCKET_BYTES, out.gpus,
+                                                 out.nodes)[2]
+
+
+def _memory(out: Prediction, spec: registry.StrategySpec, fit: Fit, ranks_per_node: int
+            ) -> None:
+    """The state as this strategy shards it at N, plus what the campaign measured beyond its
+    state (activations, buffers; the process itself on a CPU)."""
+    out.state_gb = state_bytes(spec.sharding, fit.shapes, out.gpus, ranks_per_node) / 1e9
+    if fit.peak_gb is not None and fit.state_gb is not None:
+        out.memory_gb = out.state_gb + max(0.0, fit.peak_gb - fit.state_gb)
 
 
 def _sources(fit: Fit, net: Network | None, same_devices: bool, scale: float) -> dict:
