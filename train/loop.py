@@ -647,9 +647,10 @@ class Throughput:
         self.metrics.write(
             "step", step=step, loss=loss, lr=lr, grad_norm=result.grad_norm.item(),
             loss_scale=t.precision.loss_scale(), skipped=result.skipped, phases_s=phases,
+            rank_work_s=rank_work,  # before the fields harvest's fast pattern captures
             ddp_comm_s=({k: comm[k] for k in ("allreduce", "exposed", "window")}
                         if comm else None),
-            exposed_comm_s=exposed, rank_work_s=rank_work,
+            exposed_comm_s=exposed,
             allreduce_s=comm["allreduce"] if comm else None,
             allreduce_bytes=comm["bytes"] if comm else None,
             allreduce_calls=comm["calls"] if comm else None, step_time_s=dt,

@@ -127,6 +127,9 @@ _STEP_LINE = re.compile(
     + r', "tokens_seen": [^,]*, "elapsed_s": ' + _NUMBER + r', "max_mem_gb": ' + _NUMBER
     + r', "mfu": ' + _NUMBER + r'\}')
 _STEP_PREFIX = '{"kind": "step"'
+# The pattern's optional fields (group: key): one the line holds that the pattern skipped (a
+# field written between them moves them out of place) sends the line to the slow path.
+_OPTIONAL_GROUPS = {4: '"exposed_comm_s": ', 5: '"allreduce_s": ', 6: '"allreduce_bytes": '}
 _NUMS = (int, float)
 
 
@@ -189,7 +192,8 @@ class _Reader:
 
     def add_step_line(self, line: str) -> bool:
         match = _STEP_LINE.fullmatch(line)
-        if match is None:
+        if match is None or any(match.group(g) is None and key in line
+                                for g, key in _OPTIONAL_GROUPS.items()):
             return False
         self.pending.append(match)
         return True

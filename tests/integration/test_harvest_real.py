@@ -177,5 +177,7 @@ def test_fast_path_reads_the_real_writer_and_agrees_with_json(real_runs, tmp_pat
     assert not any(read._STEP_LINE.fullmatch(ln) for ln in
                    (tmp_path / "sorted" / "metrics.jsonl").read_text().splitlines())
     assert fast.steps == slow.steps and len(fast.steps) == 40
+    for name in read.COLUMNS:  # every field, not only the steps (a field once went missing)
+        assert getattr(fast.columns, name) == getattr(slow.columns, name), name
     assert fast.last_time == slow.last_time
     assert [s.offset_s for s in fast.segments] == [s.offset_s for s in slow.segments]

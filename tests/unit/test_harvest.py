@@ -837,6 +837,8 @@ def test_the_step_lines_comm_fields_read_alike_by_pattern_and_by_json(tmp_path):
               "grad_norm": 1.0, "loss_scale": None, "skipped": False,
               "phases_s": {"data": 0.0, "forward": 0.1, "backward": 0.2, "sync": 0.0,
                            "optimizer": 0.05},
+              "rank_work_s": {"ranks": 2, "mean": 0.39, "sd": 0.01, "min": 0.38, "max": 0.4,
+                              "slowest": 1},
               "ddp_comm_s": {"allreduce": 0.02, "exposed": 0.01, "window": 0.1},
               "exposed_comm_s": 0.01, "allreduce_s": 0.02, "allreduce_bytes": 1783808,
               "allreduce_calls": 2, "step_time_s": 0.4, "tokens_per_s": 2500.0,
@@ -850,6 +852,17 @@ def test_the_step_lines_comm_fields_read_alike_by_pattern_and_by_json(tmp_path):
     assert (a.allreduce_bytes, a.allreduce_calls, a.allreduce_s, a.exposed_comm_s) == (
         [1783808.0], [2.0], [0.02], [0.01])
     assert (b.allreduce_bytes, b.allreduce_calls, b.allreduce_s, b.exposed_comm_s) == (
+        a.allreduce_bytes, a.allreduce_calls, a.allreduce_s, a.exposed_comm_s)
+    # A field between the pattern's optional ones (rank_work_s was once written after
+    # exposed_comm_s): the pattern still matches by skipping them, so the line takes the slow
+    # path rather than losing them
+    moved = {k: v for k, v in record.items() if k != "rank_work_s"}
+    moved = dict(list(moved.items())[:11] + [("rank_work_s", record["rank_work_s"])]
+                 + list(moved.items())[11:])
+    assert list(moved)[10:13] == ["exposed_comm_s", "rank_work_s", "allreduce_s"]
+    c = read.read_metrics(write_run(tmp_path / "moved", [header("distributed-ps", 1, 2),
+                                                         moved]) / "metrics.jsonl").columns
+    assert (c.allreduce_bytes, c.allreduce_calls, c.allreduce_s, c.exposed_comm_s) == (
         a.allreduce_bytes, a.allreduce_calls, a.allreduce_s, a.exposed_comm_s)
 
 
