@@ -302,7 +302,8 @@ def _borrow_rank_spread(fits: list[Fit]) -> None:
     for fit in fits:
         if fit.rank_spread is None:
             fit.rank_spread = pooled
-            fit.rank_spread_source = f"the campaign's {names} cells (its own not timed apart)"
+            fit.rank_spread_source = (f"borrowed from the campaign's {names} cells: its own "
+                                      "waits are not timed apart")
 
 
 

@@ -77,7 +77,7 @@ def test_fitted_on_one_node_it_predicts_the_two_node_cells(campaign):
     fits = {f["strategy"]: f for f in result["fits"]}
     assert fits["distributed-ps"]["rank_spread"] > 0
     assert fits["distributed-ps"]["rank_spread_source"].startswith("2 ranks' work over")
-    assert fits["fsdp"]["rank_spread_source"].startswith("the campaign's ")
+    assert fits["fsdp"]["rank_spread_source"].startswith("borrowed from the campaign's ")
     assert all(p["terms"]["straggler_s"] > 0 for p in two.values()), report
     # The ranking at 2 nodes: overlapping intervals can't be told apart, the others are ahead
     rank = next(r for r in result["ranking"] if r["nodes"] == 2)

@@ -331,5 +331,5 @@ def test_the_ranks_spread_is_read_from_the_step_records_and_lent_to_cells_withou
             _fit(strategy="horovod", rank_spread=0.08, rank_spread_steps=30)]
     inputs._borrow_rank_spread(fits)
     assert fits[0].rank_spread == pytest.approx((0.04 * 10 + 0.08 * 30) / 40)
-    assert fits[0].rank_spread_source == ("the campaign's distributed-ps, horovod cells (its own "
-                                          "not timed apart)")
+    assert fits[0].rank_spread_source == ("borrowed from the campaign's distributed-ps, horovod "
+                                          "cells: its own waits are not timed apart")
