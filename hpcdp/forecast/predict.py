@@ -179,9 +179,9 @@ def _sources(fit: Fit, net: Network | None, same_devices: bool, scale: float) ->
     elif not same_devices:
         straggler = f"not carried: measured on {fit.device}, the target's devices differ: 0"
     else:
-        straggler = (f"ranks' work varies {fit.rank_spread:.1%} (one sd) from "
-                     f"{fit.rank_spread_source}; the slowest of N lies sd x E[max of N normals] "
-                     "above the mean")
+        straggler = (f"ranks' work varies {fit.rank_spread:.1%} (one sd; "
+                     f"{fit.rank_spread_source}); the slowest of N lies sd x E[max of N "
+                     "normals] above the mean")
     window = ("the exposed communication measured (what hid is the window)"
               if fit.exposed_s else "the campaign's backward (and forward) share of compute")
     comm = f"network {net.source}" if net else "none: no collectives modelled"
