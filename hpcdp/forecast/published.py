@@ -157,3 +157,17 @@ def series_summary(rows: list[dict]) -> dict:
             "median_half_width_4x": statistics.median(
                 (r["high"] - r["low"]) / 2 / r["predicted"] for r in judged if r["ratio"] == 4)
             if any(r["ratio"] == 4 for r in judged) else None}
+
+
+def series_table(rows: list[dict]) -> str:
+    """Every figure of series_checks as a markdown table (docs/forecast.md holds it, and a
+    test that it is this one): series, GPUs fitted and predicted, predicted and published
+    tokens/s per GPU, the error and the interval."""
+    lines = ["| series | GPUs (fitted at) | predicted | published | error | 90% interval | holds |",
+             "|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["source"], r["series"], r["gpus"])):
+        interval = (f"{r['low']:,.0f}-{r['high']:,.0f}" if r["low"] is not None else "-")
+        lines.append(f"| {r['series']} | {r['gpus']} ({r['fit_gpus']}) | {r['predicted']:,.0f} "
+                     f"| {r['published']:,.0f} | {r['error']:+.1%} | {interval} | "
+                     f"{'-' if r['inside'] is None else 'yes' if r['inside'] else 'no'} |")
+    return "\n".join(lines) + "\n"

@@ -203,6 +203,13 @@ def test_published_series_are_predicted_from_their_smallest_scale_as_docs_say():
     assert (summary["above"], summary["below"]) == (67, 9)
     assert round(summary["coverage"], 2) == 0.92  # conformal: at least 90% where exchangeable
     assert round(summary["median_half_width_4x"], 3) == 0.164
+    # and every figure, with its interval, as docs/forecast.md shows it
+    from pathlib import Path
+
+    docs = (Path(__file__).parents[2] / "docs" / "forecast.md").read_text()
+    shown = docs.split("<!-- series-table -->\n")[1].split("<!-- /series-table -->")[0]
+    assert shown == forecast.series_table(rows), "regenerate docs/forecast.md's series table"
+    assert shown.count("\n") == 2 + summary["points"]
 
 
 def test_submit_and_compare_warn_before_queuing_a_cell_that_cannot_fit(tmp_path):
