@@ -163,8 +163,8 @@ def expected_max_normal(n: int) -> float:
     2.595 for 128 (a numerical integral of x n phi(x) Phi(x)^(n-1) over +-8 sigma)."""
     if n <= 1:
         return 0.0
-    dx, total = 2e-3, 0.0
-    for i in range(-4_000, 4_000):
+    dx, total = 0.01, 0.0  # the midpoint rule on this smooth integrand: 1e-13 from dx = 0.002
+    for i in range(-800, 800):
         x = (i + 0.5) * dx
         pdf = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
         total += x * n * pdf * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1) * dx
