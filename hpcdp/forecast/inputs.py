@@ -173,26 +173,25 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def _phases(run_dir: Path) -> tuple[float | None, float | None, float | None]:
-    """Median forward, backward and all-phases seconds of the later half of a run's steps."""
-    steps = [r["phases_s"] for r in run_folder.read_metrics(run_dir, ("step",))
-             if isinstance(r.get("phases_s"), dict)]
+def _phases(records: list[dict]) -> tuple[float | None, float | None, float | None]:
+    """Median forward, backward and all-phases seconds of the later half of a run's step
+    records."""
+    steps = [r["phases_s"] for r in records if isinstance(r.get("phases_s"), dict)]
     later = steps[len(steps) // 2:]
     total = [sum(v for v in ph.values() if isinstance(v, (int, float))) for ph in later]
     return (_median([ph.get("forward") for ph in later]),
             _median([ph.get("backward") for ph in later]), _median(total))
 
 
-def rank_spread(run_dirs: list[Path]) -> tuple[float, int, int] | None:
+def rank_spread(runs: list[list[dict]]) -> tuple[float, int, int] | None:
     """(spread, ranks, steps) of the step records' `rank_work_s` (how the ranks' own work in a
-    step spread: ranks, mean, sd) over the later half of each run: the ranks' standard
+    step spread: ranks, mean, sd) over the later half of each run's steps: the ranks' standard
     deviation about each step's mean, pooled over the steps, as a share of the mean work. None
     where no record has two ranks' work (one rank; FSDP and DataParallel do not time their
     waits apart)."""
     squares, dof, means, ranks = 0.0, 0, [], 0
-    for run_dir in run_dirs:
-        works = [r["rank_work_s"] for r in run_folder.read_metrics(run_dir, ("step",))
-                 if isinstance(r.get("rank_work_s"), dict)]
+    for records in runs:
+        works = [r["rank_work_s"] for r in records if isinstance(r.get("rank_work_s"), dict)]
         for work in works[len(works) // 2:]:
             try:
                 n, mean, sd = int(work["ranks"]), float(work["mean"]), float(work["sd"])
@@ -258,8 +257,9 @@ def fits_of(cells, fit_nodes: set[int] | None) -> tuple[list[Fit], list[str]]:
             skipped.append(f"{cell.strategy}: no header in {runs[0].run_dir}")
             continue
         model, shapes, reshard = model_of(header)
-        phases = [_phases(Path(r.run_dir)) for r in runs]
-        spread = rank_spread([Path(r.run_dir) for r in runs])
+        steps = [run_folder.read_metrics(Path(r.run_dir), ("step",)) for r in runs]  # once
+        phases = [_phases(records) for records in steps]
+        spread = rank_spread(steps)
         fits.append(Fit(
             strategy=cell.strategy, precision=cell.precision or "fp32",
             communication=(cell.communication or "none").split("/")[0], nodes=cell.nodes,

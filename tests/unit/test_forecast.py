@@ -303,35 +303,22 @@ def test_a_prediction_adds_the_slowest_rank_and_says_where_each_term_came_from()
     assert unmeasured.sources["straggler_s"].startswith("not measured")
 
 
-def test_the_ranks_spread_is_read_from_the_step_records_and_lent_to_cells_without_one(
-        tmp_path):
-    import json
-
-    from hpcdp import run_folder
+def test_the_ranks_spread_is_read_from_the_step_records_and_lent_to_cells_without_one():
     from hpcdp.forecast import inputs
 
-    def run(name: str, works: list[list[float]]) -> object:
-        folder = tmp_path / name
-        folder.mkdir()
-        lines = [{"kind": "header"}] + [
-            {"kind": "step", "step": i + 1, "rank_work_s": {
-                "ranks": len(w), "mean": sum(w) / len(w),
-                "sd": math.sqrt(sum((x - sum(w) / len(w)) ** 2 for x in w) / (len(w) - 1))}}
+    def run(works: list[list[float]]) -> list[dict]:
+        return [{"kind": "step", "step": i + 1, "rank_work_s": {
+            "ranks": len(w), "mean": sum(w) / len(w),
+            "sd": math.sqrt(sum((x - sum(w) / len(w)) ** 2 for x in w) / (len(w) - 1))}}
             for i, w in enumerate(works)]
-        (folder / run_folder.METRICS_FILE).write_text(
-            "".join(json.dumps(r) + "\n" for r in lines))
-        return folder
 
     # the first half of each run is warm-up, left out; the later steps are 1.0 +- 0.1
-    a = run("a", [[5.0, 1.0]] * 2 + [[0.9, 1.1], [1.1, 0.9]])
-    b = run("b", [[0.9, 1.1]] * 2)
+    a = run([[5.0, 1.0]] * 2 + [[0.9, 1.1], [1.1, 0.9]])
+    b = run([[0.9, 1.1]] * 2)
     spread, ranks, steps = forecast.rank_spread([a, b])
     assert (ranks, steps) == (2, 3)
     assert spread == pytest.approx(math.sqrt(3 * 2 * 0.01 / 3))  # sd 0.141 of a mean 1.0
-    one = tmp_path / "one"
-    one.mkdir()
-    (one / run_folder.METRICS_FILE).write_text(
-        '{"kind": "header"}\n' + '{"kind": "step", "step": 1, "rank_work_s": null}\n' * 2)
+    one = [{"kind": "step", "step": 1, "rank_work_s": None}] * 2
     assert forecast.rank_spread([one]) is None
     fits = [_fit(strategy="fsdp", rank_spread=None, rank_spread_steps=0),
             _fit(rank_spread=0.04, rank_spread_steps=10),
