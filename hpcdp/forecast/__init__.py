@@ -87,6 +87,8 @@ from hpcdp.forecast.published import (
                                   SERIES_FILE,
                                   published_checks,
                                   series_checks,
+                                  series_scale_table,
+                                  series_set_aside,
                                   series_summary,
                                   series_table,
 )
@@ -100,5 +102,5 @@ __all__ = ["ADAM_STEP_BYTES", "DEFAULT_NODES", "ONE_RUN", "PUBLISHED_FILE", "SER
            "gpt2_shapes", "latency_s", "make", "memory_warnings", "model_of",
            "network_from_profile", "network_warnings", "parse_nodes", "plot", "predict",
            "published_checks", "rank_spread", "ranking", "ranking_line", "render_text", "rows",
-           "series_checks", "series_summary", "series_table", "split_step", "state_bytes",
-           "straggler_s"]
+           "series_checks", "series_scale_table", "series_set_aside", "series_summary",
+           "series_table", "split_step", "state_bytes", "straggler_s"]

@@ -76,10 +76,13 @@ _STRATEGY = {"fsdp": ("fsdp", True), "fsdp+dp": ("fsdp", True),
              "fsdp_shard_grad_op": ("fsdp", False)}
 
 
-def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0) -> list[dict]:
+def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0,
+                  same_settings: bool = True) -> list[dict]:
     """Each published series fitted at its smallest scale and predicted at each larger one up
     to `most_ratio` times it: one row per point (series, source, ratio, predicted and published
-    tokens/s per GPU, the error, the interval's bounds and whether it holds the figure)."""
+    tokens/s per GPU, the error, the interval's bounds and whether it holds the figure).
+    `same_settings`: a point is predicted only from a fit with the same per-GPU settings, as
+    the checks require (see _setting_groups); False fits every series at its smallest point."""
     from hpcdp.config import build, read_yaml
 
     data = read_yaml(Path(path), "published series")
@@ -88,28 +91,30 @@ def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0) -> list[dic
                 for name, figures in data.pop("networks").items()}
     rows = []
     for name, case in data.items():
-        points = sorted(case["points"], key=lambda p: p["gpus"])
-        first, gpn = points[0], int(case["gpus_per_node"])
+        gpn = int(case["gpus_per_node"])
         params, d = float(case["params"]), int(case["d_model"])
         embeddings = int(case["vocab"]) * d * (1 if case.get("tied_embeddings", True) else 2)
         model = Model(n_params=int(params), grad_bytes=int(params * 4),
                       param_gather_bytes=int(params * 2), units=int(case["n_layer"]) + 1,
                       block_share=1 - embeddings / params)
         tokens = int(case["micro_batch_per_gpu"]) * int(case["seq_len"])
-        for point in points[1:]:
-            ratio = point["gpus"] / first["gpus"]
-            if ratio > most_ratio:
-                continue
-            strategy, reshard = _STRATEGY[case["strategy"]]
-            p = _per_gpu(strategy, model, networks[case["network"]], gpn, tokens,
-                         int(first["gpus"]), float(first["tokens_per_s_per_gpu"]),
-                         int(point["gpus"]), reshard)
-            published = float(point["tokens_per_s_per_gpu"])
-            rows.append({"series": name, "source": case["source_group"],
-                         "fit_gpus": int(first["gpus"]), "gpus": int(point["gpus"]),
-                         "ratio": ratio, "predicted": p.tokens_per_s / point["gpus"],
-                         "published": published,
-                         "error": p.tokens_per_s / point["gpus"] / published - 1})
+        strategy, reshard = _STRATEGY[case["strategy"]]
+        groups = _setting_groups(case["points"]) if same_settings \
+            else [sorted(case["points"], key=lambda p: p["gpus"])]
+        for first, *later in groups:
+            for point in later:
+                ratio = point["gpus"] / first["gpus"]
+                if ratio > most_ratio:
+                    continue
+                p = _per_gpu(strategy, model, networks[case["network"]], gpn, tokens,
+                             int(first["gpus"]), float(first["tokens_per_s_per_gpu"]),
+                             int(point["gpus"]), reshard)
+                published = float(point["tokens_per_s_per_gpu"])
+                rows.append({"series": name, "source": case["source_group"],
+                             "fit_gpus": int(first["gpus"]), "gpus": int(point["gpus"]),
+                             "ratio": ratio, "predicted": p.tokens_per_s / point["gpus"],
+                             "published": published,
+                             "error": p.tokens_per_s / point["gpus"] / published - 1})
     for row in rows:
         row["low"], row["high"] = _interval(row, rows)
         row["inside"] = (None if row["low"] is None
@@ -117,27 +122,57 @@ def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0) -> list[dic
     return rows
 
 
+# What a point's per-GPU settings are beyond what a series fixes (model, micro-batch, sequence,
+# precision, checkpointing, GPU): llm-foundry's tables change the gradient accumulation between
+# the points of some series (3 micro-batches per step at 8 GPUs, 1 beyond), which changes how
+# much of a step the optimizer and the collectives take per token.
+_PER_POINT_SETTINGS = ("grad_accum",)
+
+
+def _setting_groups(points: list[dict]) -> list[list[dict]]:
+    """A series' points by their per-GPU settings, each group by GPU count: a group's smallest
+    point is the fit for the others. A point alone in its group is predicted from nothing."""
+    groups: dict[tuple, list[dict]] = {}
+    for point in sorted(points, key=lambda p: p["gpus"]):
+        groups.setdefault(tuple(point.get(k) for k in _PER_POINT_SETTINGS), []).append(point)
+    return list(groups.values())
+
+
+def series_set_aside(path: Path = SERIES_FILE) -> list[tuple[str, int]]:
+    """(series, GPUs) of every published point that shares its per-GPU settings with no other
+    point of its series: neither fitted nor predicted."""
+    from hpcdp.config import read_yaml
+
+    data = read_yaml(Path(path), "published series")
+    data.pop("networks")
+    return [(name, int(group[0]["gpus"])) for name, case in data.items()
+            for group in _setting_groups(case["points"]) if len(group) == 1]
+
+
 INTERVAL = 0.90
 
 
 def _interval(row: dict, rows: list[dict]) -> tuple[float | None, float | None]:
     """A published series has one figure per scale, so no spread of its own: its interval is
-    the model's known error at that scale ratio, measured on the OTHER series (leave one series
-    out, so that no figure widens or centres its own interval), taken as a conformal interval
-    does: of the n other errors at the same ratio (2x, 4x, 8x), the floor((n+1) x 0.05)-th and
-    the ceil((n+1) x 0.95)-th smallest, which hold a new exchangeable error with at least 90%
-    probability (plain 5th and 95th percentiles of n errors hold it less often: 82% here).
+    the model's known error, measured on the OTHER series (leave one series out, so that no
+    figure widens or centres its own interval). Errors grow with the distance from the fit, so
+    each is taken per doubling of the GPUs (error / log2(ratio)): every other figure, at 2x, 4x
+    or 8x, then counts for every ratio, some 60 errors rather than the 15-30 at one ratio,
+    whose extremes alone would set the bounds. Taken as a conformal interval does: of the n
+    other errors, the floor((n+1) x 0.05)-th and the ceil((n+1) x 0.95)-th smallest, which hold
+    a new exchangeable error with at least 90% probability, times log2 of this figure's ratio.
     None where fewer than 10 such errors exist. (Leaving a whole source out would leave
     llm-foundry's series, most of them, too few others to measure against.)"""
-    others = sorted(r["error"] for r in rows
-                    if r["series"] != row["series"] and r["ratio"] == row["ratio"])
+    others = sorted(r["error"] / math.log2(r["ratio"]) for r in rows
+                    if r["series"] != row["series"])
     n = len(others)
     if n < 10:
         return None, None
     tail = (1 - INTERVAL) / 2
-    low_err = others[max(1, math.floor((n + 1) * tail)) - 1]
-    high_err = others[min(n, math.ceil((n + 1) * (1 - tail))) - 1]
-    return row["predicted"] / (1 + high_err), row["predicted"] / (1 + low_err)
+    doublings = math.log2(row["ratio"])
+    low_err = others[max(1, math.floor((n + 1) * tail)) - 1] * doublings
+    high_err = others[min(n, math.ceil((n + 1) * (1 - tail))) - 1] * doublings
+    return row["predicted"] / (1 + high_err), row["predicted"] / max(1 + low_err, 1e-9)
 
 
 def series_summary(rows: list[dict]) -> dict:
@@ -154,9 +189,32 @@ def series_summary(rows: list[dict]) -> dict:
             "above": sum(e > 0 for e in errors), "below": sum(e < 0 for e in errors),
             "with_interval": len(judged),
             "coverage": sum(r["inside"] for r in judged) / len(judged) if judged else None,
-            "median_half_width_4x": statistics.median(
-                (r["high"] - r["low"]) / 2 / r["predicted"] for r in judged if r["ratio"] == 4)
-            if any(r["ratio"] == 4 for r in judged) else None}
+            "median_half_width": _median_half_width(judged),
+            "median_half_width_4x": _median_half_width([r for r in judged if r["ratio"] == 4])}
+
+
+def _median_half_width(rows: list[dict]) -> float | None:
+    import statistics
+
+    return statistics.median((r["high"] - r["low"]) / 2 / r["predicted"] for r in rows) \
+        if rows else None
+
+
+def series_scale_table(rows: list[dict]) -> str:
+    """series_summary per scale ratio and over all, as docs/forecast.md shows it."""
+    import statistics
+
+    lines = ["| scale | figures | median error (median abs) | largest abs | above / below "
+             "| 90% interval holds | median half-width |", "|---|---|---|---|---|---|---|"]
+    for ratio in sorted({r["ratio"] for r in rows}) + [None]:
+        some = [r for r in rows if ratio is None or r["ratio"] == ratio]
+        s = series_summary(some)
+        median = statistics.median(r["error"] for r in some)
+        lines.append(f"| {'all' if ratio is None else f'{ratio:g}x'} | {s['points']} | "
+                     f"{median:+.1%} ({s['median_abs_error']:.1%}) | "
+                     f"{s['largest_abs_error']:.1%} | {s['above']} / {s['below']} | "
+                     f"{s['coverage']:.0%} | {s['median_half_width']:.1%} |")
+    return "\n".join(lines) + "\n"
 
 
 def series_table(rows: list[dict]) -> str:
