@@ -85,6 +85,7 @@ from hpcdp.forecast.predict import ONE_RUN, Prediction, predict
 from hpcdp.forecast.published import (
                                   PUBLISHED_FILE,
                                   SERIES_FILE,
+                                  known_error_per_doubling,
                                   published_checks,
                                   series_checks,
                                   series_scale_table,
@@ -99,7 +100,8 @@ __all__ = ["ADAM_STEP_BYTES", "DEFAULT_NODES", "ONE_RUN", "PUBLISHED_FILE", "SER
            "Comm", "Fit", "Forecast", "Model", "Network", "Prediction", "_last_bucket",
            "activation_bytes", "as_json", "billing_rate", "comm_s", "comm_terms",
            "expected_max_normal", "experiment_shapes", "fit_network", "fits_of",
-           "gpt2_shapes", "latency_s", "make", "memory_warnings", "model_of",
+           "gpt2_shapes", "known_error_per_doubling", "latency_s", "make", "memory_warnings",
+           "model_of",
            "network_from_profile", "network_warnings", "parse_nodes", "plot", "predict",
            "published_checks", "rank_spread", "ranking", "ranking_line", "render_text", "rows",
            "series_checks", "series_scale_table", "series_set_aside", "series_summary",

@@ -20,6 +20,7 @@ from hpcdp.forecast.inputs import (
 )
 from hpcdp.forecast.model import Network
 from hpcdp.forecast.predict import Prediction, predict
+from hpcdp.forecast.published import known_error_per_doubling
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64, 128)
 TOKENS_PER_PARAM = 20
@@ -135,6 +136,7 @@ def make(run_dir: str, *, nodes: list[int] | None = None, fit_nodes: list[int] |
     n_params = max(f.model.n_params for f in fits)
     total_tokens = tokens if tokens else TOKENS_PER_PARAM * n_params
     predictions = []
+    known_error = known_error_per_doubling()
     for fit in fits:
         rpn = ranks_per_node or fit.ranks_per_node
         measured = measured_by_nodes(cells, fit)
@@ -145,10 +147,14 @@ def make(run_dir: str, *, nodes: list[int] | None = None, fit_nodes: list[int] |
                 measured=measured if target is None else {}, billing_per_node_hour=rate,
                 compute_scale=compute_scale.get((fit.strategy, fit.precision), 1.0),
                 target_device=None if target is None else
-                ("cuda" if target.gpus_per_node else "cpu")))
+                ("cuda" if target.gpus_per_node else "cpu"), known_error=known_error))
     for p in predictions:
         if gpu_memory and p.memory_gb and p.memory_gb > gpu_memory:
             p.flags.append(f"exceeds {gpu_memory:.0f} GB per GPU")
+    if any(p.known_error for p in predictions):
+        notes.append(f"intervals beyond the fitted scale hold the model's known error on "
+                     f"published series, {known_error[0]:+.1%} to {known_error[1]:+.1%} per "
+                     "doubling of the GPUs (docs/forecast.md)")
     return Forecast(source=str(folder), nodes=node_counts, tokens=total_tokens,
                     tokens_default=not tokens, fits=fits, networks=networks,
                     predictions=predictions, notes=notes,

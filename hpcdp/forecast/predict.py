@@ -3,6 +3,7 @@ interval, time, cost, memory and flags."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -52,6 +53,9 @@ class Prediction:
     """Where each term came from, in words."""
     allreduce_algorithm: str | None = None
     """What a gradient bucket's all-reduce takes at this size ("ring" or NCCL's "tree")."""
+    known_error: tuple | None = None
+    """(low, high): the model's known error at this distance from the fit, as shares of the
+    point, which widen the interval (forecast.known_error_per_doubling x doublings)."""
 
 
 ONE_RUN = "1 run: no interval (repeats give one: hpcdp compare --repeats 3)"
@@ -89,7 +93,9 @@ def _scale_compute(fit: Fit, gpus: int, out: Prediction) -> tuple[float, float] 
 
 def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
             tokens: float, measured: dict, billing_per_node_hour: float | None,
-            compute_scale: float = 1.0, target_device: str | None = None) -> Prediction:
+            compute_scale: float = 1.0, target_device: str | None = None,
+            known_error: tuple[float, float] | None = None) -> Prediction:
+    """`known_error`: the model's error per doubling beyond the fit (_set_interval)."""
     spec = registry.get(fit.strategy)
     gpus = nodes * ranks_per_node
     out = Prediction(fit.strategy, fit.precision, nodes, gpus)
@@ -135,10 +141,8 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     out.tokens_per_s = tokens_per_step / out.step_s
     out.hours = tokens / out.tokens_per_s / 3600
     if len(fit.step_s) > 1:
-        out.tokens_per_s_low = tokens_per_step / step(spread_hi, 1 + spread)
-        out.tokens_per_s_high = tokens_per_step / step(spread_lo, max(0.0, 1 - spread))
-        out.hours_low = tokens / out.tokens_per_s_high / 3600
-        out.hours_high = tokens / out.tokens_per_s_low / 3600
+        _set_interval(out, fit, tokens, tokens_per_step / step(spread_hi, 1 + spread),
+                      tokens_per_step / step(spread_lo, max(0.0, 1 - spread)), known_error)
     else:  # one run shows no spread: no interval, rather than one of zero width
         out.flags.append(ONE_RUN)
     out.gpu_hours = out.hours * gpus
@@ -147,6 +151,26 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     _memory(out, spec, fit, ranks_per_node)
     out.flags += _flags(fit, net if needs_net else None, nodes, measured)
     return out
+
+
+def _set_interval(out: Prediction, fit: Fit, tokens: float, low: float, high: float,
+                  per_doubling: tuple[float, float] | None) -> None:
+    """The interval of tokens/s (and of the time): what the fit's spread gives, `low` to
+    `high`; beyond the fit's ranks also the model's known error there, `per_doubling` (low,
+    high) as shares per doubling of the ranks (published.known_error_per_doubling), since the
+    spread measured at the fit does not hold what the model misses. An error e means the truth
+    is the point / (1 + e)."""
+    doublings = math.log2(out.gpus / (fit.nodes * fit.ranks_per_node))
+    if per_doubling is not None and doublings > 0:
+        out.known_error = (per_doubling[0] * doublings, per_doubling[1] * doublings)
+        low /= 1 + max(out.known_error[1], 0.0)
+        high /= max(1 + min(out.known_error[0], 0.0), 1e-9)
+        out.sources["known_error"] = (
+            f"the model's error on published series, {per_doubling[0]:+.1%} to "
+            f"{per_doubling[1]:+.1%} per doubling of the GPUs beyond the fit (90%; "
+            f"docs/forecast.md): {doublings:.3g} doubling(s) here")
+    out.tokens_per_s_low, out.tokens_per_s_high = low, high
+    out.hours_low, out.hours_high = tokens / high / 3600, tokens / low / 3600
 
 
 def _latency(out: Prediction, spec: registry.StrategySpec, fit: Fit, net: Network | None,

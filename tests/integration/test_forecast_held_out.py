@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from hpcdp import forecast
+
 pytestmark = pytest.mark.slurm
 
 def hpcdp(*args: str, cwd: Path, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -65,8 +67,11 @@ def test_fitted_on_one_node_it_predicts_the_two_node_cells(campaign):
         assert p["tokens_per_s_low"] <= p["tokens_per_s"] <= p["tokens_per_s_high"]
         assert not any(f.startswith("fitted at 1 rank") for f in p["flags"])
         terms = p["terms"]
-        assert set(terms) == {"compute_s", "straggler_s", "window_s", "overlapped_s", "tail_s",
-                              "serial_s", "latency_s"} == set(p["sources"])
+        assert set(terms) | {"known_error"} == {
+            "compute_s", "straggler_s", "window_s", "overlapped_s", "tail_s", "serial_s",
+            "latency_s", "known_error"} == set(p["sources"])
+        # one doubling beyond the 1-node fit: the interval holds the model's known error
+        assert p["known_error"] == pytest.approx(list(forecast.known_error_per_doubling()))
         exposed = terms["tail_s"] + terms["serial_s"] + max(0.0, terms["overlapped_s"]
                                                            - terms["window_s"])
         assert p["step_s"] == pytest.approx(terms["compute_s"] + terms["straggler_s"] + exposed)

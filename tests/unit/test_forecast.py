@@ -333,6 +333,29 @@ def test_a_prediction_adds_the_slowest_rank_and_says_where_each_term_came_from()
     assert unmeasured.sources["straggler_s"].startswith("not measured")
 
 
+def test_beyond_its_fit_the_interval_holds_the_models_known_error_per_doubling():
+    """Issue 46, item 2: an interval made from the measured spreads and the model's known
+    error. At the fit's own ranks only the spread; at 16 ranks (3 doublings beyond 2) the
+    published series' error per doubling, x 3, widens it: the truth is the point / (1 + e)."""
+    fit = _fit()
+    args = dict(tokens=1e6, measured={}, billing_per_node_hour=None)
+    plain = forecast.predict(fit, NET, 8, 2, **args)
+    low, high = forecast.known_error_per_doubling()
+    assert -0.05 < low < 0 < high < 0.1  # mostly optimistic, as docs/forecast.md says
+    wide = forecast.predict(fit, NET, 8, 2, **args, known_error=(low, high))
+    assert wide.tokens_per_s == plain.tokens_per_s and wide.known_error == (3 * low, 3 * high)
+    assert wide.tokens_per_s_low == pytest.approx(plain.tokens_per_s_low / (1 + 3 * high))
+    assert wide.tokens_per_s_high == pytest.approx(plain.tokens_per_s_high / (1 + 3 * low))
+    assert wide.hours_high == pytest.approx(1e6 / wide.tokens_per_s_low / 3600)
+    assert "3 doubling(s)" in wide.sources["known_error"]
+    at_fit = forecast.predict(fit, NET, 1, 2, **args, known_error=(low, high))
+    assert at_fit.known_error is None and "known_error" not in at_fit.sources
+    assert at_fit.tokens_per_s_low == forecast.predict(fit, NET, 1, 2, **args).tokens_per_s_low
+    # one run gives no interval to widen
+    one = forecast.predict(_fit(step_s=[0.1]), NET, 8, 2, **args, known_error=(low, high))
+    assert one.tokens_per_s_low is None and forecast.ONE_RUN in one.flags
+
+
 def test_the_ranks_spread_is_read_from_the_step_records_and_lent_to_cells_without_one():
     from hpcdp.forecast import inputs
 
