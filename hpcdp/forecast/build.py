@@ -148,18 +148,25 @@ def make(run_dir: str, *, nodes: list[int] | None = None, fit_nodes: list[int] |
                 compute_scale=compute_scale.get((fit.strategy, fit.precision), 1.0),
                 target_device=None if target is None else
                 ("cuda" if target.gpus_per_node else "cpu"), known_error=known_error))
-    for p in predictions:
-        if gpu_memory and p.memory_gb and p.memory_gb > gpu_memory:
-            p.flags.append(f"exceeds {gpu_memory:.0f} GB per GPU")
-    if any(p.known_error for p in predictions):
-        notes.append(f"intervals beyond the fitted scale hold the model's known error on "
-                     f"published series, {known_error[0]:+.1%} to {known_error[1]:+.1%} per "
-                     "doubling of the GPUs (docs/forecast.md)")
+    notes += _flags_and_notes(predictions, gpu_memory, known_error)
     return Forecast(source=str(folder), nodes=node_counts, tokens=total_tokens,
                     tokens_default=not tokens, fits=fits, networks=networks,
                     predictions=predictions, notes=notes,
                     target=target.name if target else None, gpu_memory_gb=gpu_memory,
                     billing=billing_info)
+
+
+def _flags_and_notes(predictions: list[Prediction], gpu_memory: float | None,
+                     known_error: tuple[float, float]) -> list[str]:
+    """Flags a prediction over the GPU's memory; the notes the predictions as a whole need."""
+    for p in predictions:
+        if gpu_memory and p.memory_gb and p.memory_gb > gpu_memory:
+            p.flags.append(f"exceeds {gpu_memory:.0f} GB per GPU")
+    if not any(p.known_error for p in predictions):
+        return []
+    return [f"intervals beyond the fitted scale hold the model's known error on published "
+            f"series, {known_error[0]:+.1%} to {known_error[1]:+.1%} per doubling of the GPUs "
+            "(docs/forecast.md)"]
 
 
 def _networks(fits: list[Fit], probes: list[dict], target: ClusterProfile | None,

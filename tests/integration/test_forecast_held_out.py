@@ -77,6 +77,7 @@ def test_fitted_on_one_node_it_predicts_the_two_node_cells(campaign):
         assert p["step_s"] == pytest.approx(terms["compute_s"] + terms["straggler_s"] + exposed)
         comm = terms["overlapped_s"] + terms["tail_s"] + terms["serial_s"]
         assert 0 <= terms["latency_s"] <= comm
+    assert any("the model's known error on published series" in n for n in result["notes"])
     # The slowest of 4 ranks waits longer than the slowest of the 2 the fit measured: DDP's and
     # Horovod's ranks timed their own work; fsdp's did not, and borrows their spread
     fits = {f["strategy"]: f for f in result["fits"]}
