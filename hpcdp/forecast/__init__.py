@@ -2,7 +2,8 @@
 
 For each strategy and precision the campaign ran, the step time at N nodes is
 
-    step(N) = compute + straggler(N) + exposed(N),   exposed(N) = max(0, comm(N) - window)
+    step(N) = compute + straggler(N) + exposed(N)
+    exposed(N) = max(0, comm(N) - window) + slowdown x min(comm(N), window)
 
 - compute: measured in the campaign (per rank, at its batch per rank): the cell's median step
   time less its measured exposed communication. Weak scaling keeps it; strong scaling (global
@@ -29,6 +30,9 @@ For each strategy and precision the campaign ran, the step time at N nodes is
   all-reduce; forward and backward for FSDP's gathers), from the campaign's phases. Where the
   campaign measured communication that compute did not hide, the hidden part (comm - exposed)
   is the window instead: what was measured hidden stays hidden, and no more.
+- slowdown: on a GPU, compute beside a collective runs 18.9% slower (its kernels take SMs and
+  memory bandwidth: Lee et al. 2025, measured on A100, H100, MI250, MI210), so hiding a
+  collective costs that share of the time it hid; 0 on a CPU, where nothing runs beside compute.
 - The network (alpha per ring step, busbw; intra- and inter-node apart) is fitted to the
   campaign's all-reduce probes (every size of their sweep, start and end), or read from the
   target profile's `network:` section.
@@ -68,6 +72,7 @@ from hpcdp.forecast.inputs import (
 from hpcdp.forecast.memory import activation_bytes, experiment_shapes, memory_warnings
 from hpcdp.forecast.model import (
                                   ADAM_STEP_BYTES,
+                                  OVERLAP_SLOWDOWN,
                                   Comm,
                                   Model,
                                   Network,
@@ -95,8 +100,8 @@ from hpcdp.forecast.published import (
 )
 from hpcdp.forecast.report import as_json, plot, ranking, ranking_line, render_text, rows
 
-__all__ = ["ADAM_STEP_BYTES", "DEFAULT_NODES", "ONE_RUN", "PUBLISHED_FILE", "SERIES_FILE",
-           "TOKENS_PER_PARAM",
+__all__ = ["ADAM_STEP_BYTES", "DEFAULT_NODES", "ONE_RUN", "OVERLAP_SLOWDOWN", "PUBLISHED_FILE",
+           "SERIES_FILE", "TOKENS_PER_PARAM",
            "Comm", "Fit", "Forecast", "Model", "Network", "Prediction", "_last_bucket",
            "activation_bytes", "as_json", "billing_rate", "comm_s", "comm_terms",
            "expected_max_normal", "experiment_shapes", "fit_network", "fits_of",

@@ -17,6 +17,12 @@ HOROVOD_FUSION_BYTES = 64 << 20  # HOROVOD_FUSION_THRESHOLD's default
 ADAM_STATE_TENSORS = 2  # exp_avg, exp_avg_sq, each as large as the parameter
 ADAM_STEP_BYTES = 4  # AdamW's `step`: one float32 scalar per parameter tensor
 TREE_BUSBW_SHARE = 0.9  # NCCL's tuning.cc: a tree reaches 0.9 of the ring's bus bandwidth
+OVERLAP_SLOWDOWN = 0.189
+"""How much slower compute runs beside a collective on a GPU, whose kernels take SMs and memory
+bandwidth from it: 18.9% on average (at most 40%), measured on A100, H100, MI250 and MI210
+training GPT and Llama models (Lee et al., "Characterizing Compute-Communication Overlap in
+GPU-Accelerated Distributed Deep Learning", arXiv 2507.03114, 2025), against the same compute
+with no collective beside it."""
 BACKWARD_SHARE = 2 / 3
 """Of forward + backward compute, backward's share by FLOPs (2 of every 3 matmuls): the window
 used where the campaign's phases are not recorded."""
@@ -217,15 +223,25 @@ class Comm:
     overlapped: float = 0.0
     tail: float = 0.0
     serial: float = 0.0
+    slowdown: float = 0.0
+    """How much slower compute runs while an overlapped collective runs beside it
+    (OVERLAP_SLOWDOWN on a GPU; 0 where nothing runs beside compute)."""
 
     @property
     def total(self) -> float:
         return self.overlapped + self.tail + self.serial
 
+    def interference(self, window: float, scale: float = 1.0) -> float:
+        """What hiding costs: the compute that ran beside the overlapped collectives (as much
+        of them as the window holds) runs `slowdown` slower."""
+        return self.slowdown * min(scale * self.overlapped, window)
+
     def exposed(self, window: float, scale: float = 1.0) -> float:
-        """What the step waits for when `window` seconds of compute can hide the overlapped
-        part (`scale`: the network's figures scaled, for the interval)."""
-        return scale * (self.tail + self.serial) + max(0.0, scale * self.overlapped - window)
+        """What the step spends on communication beyond compute when `window` seconds of
+        compute can hide the overlapped part: the part it waits for, and what hiding the rest
+        slowed compute by (`scale`: the network's figures scaled, for the interval)."""
+        return (scale * (self.tail + self.serial) + max(0.0, scale * self.overlapped - window)
+                + self.interference(window, scale))
 
 
 def _last_bucket(grad_bytes: int, bucket: int, first: int) -> int:
@@ -260,7 +276,8 @@ def comm_terms(spec: registry.StrategySpec, model: Model, net: Network, nodes: i
         edge = (1 - model.block_share) + model.block_share / max(1, model.units - 1)
         tail = (net.collective_s("all_gather", p * edge, group, group_nodes, calls=2)
                 + net.collective_s("reduce_scatter", g * edge, group, group_nodes, calls=2))
-        return Comm(overlapped=max(0.0, gather + scatter - tail), tail=tail)
+        return Comm(overlapped=max(0.0, gather + scatter - tail), tail=tail,
+                    slowdown=OVERLAP_SLOWDOWN)
     bucket = HOROVOD_FUSION_BYTES if spec.transport == "horovod" else DDP_BUCKET_BYTES
     calls = max(1, math.ceil(g / bucket))
     reduce = net.collective_s("all_reduce", g, n, nodes, calls=calls)
@@ -274,7 +291,8 @@ def comm_terms(spec: registry.StrategySpec, model: Model, net: Network, nodes: i
         # ZeroRedundancyOptimizer.step: each rank updates its partition, then every parameter
         # is broadcast from its owner, one call per tensor (parameters_as_bucket_view=False).
         serial = net.collective_s("broadcast", p, n, nodes, calls=model.tensors or model.units)
-    return Comm(overlapped=reduce - tail, tail=tail, serial=serial)
+    return Comm(overlapped=reduce - tail, tail=tail, serial=serial,
+                slowdown=OVERLAP_SLOWDOWN if streams else 0.0)
 
 
 class _LatencyOnly:
@@ -320,8 +338,10 @@ def split_step(step: float, comm: Comm, exposed: float | None, share: float
         return max(step - comm.exposed(window), 1e-9), window
     # Not measured, or nothing exposed (all of it hid): the window is the phases' share.
     base = step - comm.serial - comm.tail
-    if comm.overlapped <= share * base or share >= 1:
-        compute = max(base, 1e-9)
-    else:  # comm beyond the window is exposed
-        compute = max((base - comm.overlapped) / (1 - share), 0.1 * step)
+    hid = base - comm.slowdown * comm.overlapped  # all of it hid, slowing compute beside it
+    if comm.overlapped <= share * hid or share >= 1:
+        compute = max(hid, 1e-9)
+    else:  # comm beyond the window is exposed; the window's compute ran slowed
+        compute = max((base - comm.overlapped) / (1 - share * (1 - comm.slowdown)),
+                      0.1 * step)
     return compute, share * compute

@@ -12,6 +12,7 @@ from hpcdp.forecast.inputs import Fit
 from hpcdp.forecast.model import (
     BACKWARD_SHARE,
     DDP_BUCKET_BYTES,
+    OVERLAP_SLOWDOWN,
     Comm,
     Network,
     comm_terms,
@@ -134,8 +135,7 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
 
     out.step_s = step(1, 1)
     out.compute_s, out.comm_s, out.exposed_s = compute, comm.total, comm.exposed(window)
-    out.terms = {"compute_s": compute, "straggler_s": wait, "window_s": window,
-                 "overlapped_s": comm.overlapped, "tail_s": comm.tail, "serial_s": comm.serial}
+    out.terms = _terms(compute, wait, window, comm)
     _latency(out, spec, fit, net if needs_net else None, ranks_per_node, streams)
     out.sources = _sources(fit, net if needs_net else None, same_devices, scale)
     out.tokens_per_s = tokens_per_step / out.step_s
@@ -151,6 +151,13 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     _memory(out, spec, fit, ranks_per_node)
     out.flags += _flags(fit, net if needs_net else None, nodes, measured)
     return out
+
+
+def _terms(compute: float, wait: float, window: float, comm: Comm) -> dict:
+    """The step's parts, in seconds (the latency, inside the collectives, is added apart)."""
+    return {"compute_s": compute, "straggler_s": wait, "window_s": window,
+            "overlapped_s": comm.overlapped, "tail_s": comm.tail, "serial_s": comm.serial,
+            "interference_s": comm.interference(window)}
 
 
 def _set_interval(out: Prediction, fit: Fit, tokens: float, low: float, high: float,
@@ -209,8 +216,12 @@ def _sources(fit: Fit, net: Network | None, same_devices: bool, scale: float) ->
     window = ("the exposed communication measured (what hid is the window)"
               if fit.exposed_s else "the campaign's backward (and forward) share of compute")
     comm = f"network {net.source}" if net else "none: no collectives modelled"
+    interference = (f"compute beside a collective runs {OVERLAP_SLOWDOWN:.1%} slower on a GPU "
+                    "(Lee et al. 2025, arXiv 2507.03114: A100, H100, MI250, MI210), x the "
+                    "overlapped time the window holds; 0 on a CPU")
     return {"compute_s": compute, "straggler_s": straggler, "window_s": window,
-            "overlapped_s": comm, "tail_s": comm, "serial_s": comm, "latency_s": comm}
+            "overlapped_s": comm, "tail_s": comm, "serial_s": comm, "latency_s": comm,
+            "interference_s": interference}
 
 
 def _why_not(spec: registry.StrategySpec, fit: Fit, net: Network | None, nodes: int,

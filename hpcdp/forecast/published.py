@@ -186,7 +186,7 @@ def _conformal_bounds(values: list[float]) -> tuple[float, float] | None:
 def known_error_per_doubling(path: Path = SERIES_FILE) -> tuple[float, float]:
     """The model's error per doubling of the GPUs beyond its fit, over every published figure
     (series_checks, error / log2 ratio), as its 90% conformal bounds (low, high): what a
-    forecast beyond its fit adds to its interval. (-0.8%, +5.3%) on the series the project
+    forecast beyond its fit adds to its interval. (-1.1%, +4.6%) on the series the project
     holds: the truth lies mostly below the point."""
     bounds = _conformal_bounds([r["error"] / math.log2(r["ratio"])
                                 for r in series_checks(path)])

@@ -69,7 +69,8 @@ def test_fitted_on_one_node_it_predicts_the_two_node_cells(campaign):
         terms = p["terms"]
         assert set(terms) | {"known_error"} == {
             "compute_s", "straggler_s", "window_s", "overlapped_s", "tail_s", "serial_s",
-            "latency_s", "known_error"} == set(p["sources"])
+            "interference_s", "latency_s", "known_error"} == set(p["sources"])
+        assert terms["interference_s"] == 0  # a CPU runs nothing beside its compute
         # one doubling beyond the 1-node fit: the interval holds the model's known error
         assert p["known_error"] == pytest.approx(list(forecast.known_error_per_doubling()))
         exposed = terms["tail_s"] + terms["serial_s"] + max(0.0, terms["overlapped_s"]
