@@ -126,7 +126,8 @@ def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0,
 # What a point's per-GPU settings are beyond what a series fixes (model, micro-batch, sequence,
 # precision, checkpointing, GPU): llm-foundry's tables change the gradient accumulation between
 # the points of some series (3 micro-batches per step at 8 GPUs, 1 beyond), which changes how
-# much of a step the optimizer and the collectives take per token.
+# much of a step the optimizer takes per token (and the collectives, where accumulation skips
+# the gradient reduction).
 _PER_POINT_SETTINGS = ("grad_accum",)
 
 
