@@ -153,6 +153,28 @@ def _record_exit(out: str, code: int, env) -> None:
         print(f"train: could not record the exit code: {exc}", file=sys.stderr)
 
 
+def _record_error(out: str | None, line: str) -> None:
+    """RUN_DIR/ranks/error-RANK = the line a rank refused to run with: srun can end the step
+    before it forwards a failed task's last output, and the batch script then prints the line
+    from here (base.sbatch.j2's ranks_said), so the job's log always says why."""
+    if not out:
+        return
+    from pathlib import Path
+
+    try:
+        folder = Path(out) / "ranks"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"error-{_rank_from_env('0')}").write_text(line + "\n")
+    except OSError:
+        pass  # the line is on stderr already
+
+
+def _rank_from_env(default: str) -> str:
+    """This process's rank as its launcher set it, before any process group exists."""
+    return next((os.environ[k] for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                                         "PMI_RANK") if k in os.environ), default)
+
+
 def _hide_scipy() -> None:
     """transformers imports scipy.optimize whenever scipy is installed, for an object-detection
     loss GPT-2 never uses: about half a second of every rank's start on these CPUs. Only
@@ -170,6 +192,7 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
                                    "--help"):
         argv.insert(0, "run")
     via_cli = os.environ.pop(VIA_CLI, None) == "1"  # hpcdp export|sample|eval exec'd this
+    args = None
     try:
         args = build_parser(CLI_NAME if via_cli else PROG).parse_args(argv)
         if args.command in MODEL_COMMANDS:
@@ -199,7 +222,9 @@ def main(argv: list[str] | None = None, reexec: bool = False) -> int:
         return _train(exp, args, spec)
     except UsageError as exc:
         if str(exc):  # AlreadySaid: another rank said it
-            say_error(f"{CLI_NAME + ': ' if via_cli else ''}error: {one_line(str(exc))}")
+            line = f"{CLI_NAME + ': ' if via_cli else ''}error: {one_line(str(exc))}"
+            say_error(line)
+            _record_error(getattr(args, "out", None), line)
         return exc.exit_code
     except Exception as exc:
         if not _said_a_peer_is_gone(exc):
@@ -257,8 +282,7 @@ def _said_a_peer_is_gone(exc: Exception) -> bool:
     an error is one line here; True when `exc` was one."""
     gone = next((text for text in PEER_GONE if text in str(exc)), None)
     if gone:
-        rank = next((os.environ[k] for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-                                              "PMI_RANK") if k in os.environ), "?")
+        rank = _rank_from_env("?")
         say_error(f"error: rank {rank} lost a peer ({type(exc).__name__}: {gone}): another "
                   "rank ended first; the line that says why is its own or its launcher's")
     return gone is not None
