@@ -166,6 +166,9 @@ class Fit:
     rank_spread_steps: int = 0
     """Steps the spread was measured over (0: borrowed or not measured)."""
     rank_spread_source: str = "not measured"
+    shard_group: int | None = None
+    """Ranks one copy of the model is sharded over, replicated beyond (a published hybrid
+    recipe's); None: as the strategy shards (fsdp over all ranks, hsdp over a node)."""
 
 
 def _median(values):

@@ -256,19 +256,23 @@ def _last_bucket(grad_bytes: int, bucket: int, first: int) -> int:
 
 def comm_terms(spec: registry.StrategySpec, model: Model, net: Network, nodes: int,
                ranks_per_node: int, reshard_after_forward: bool = True,
-               streams: bool = True) -> Comm:
+               streams: bool = True, shard_group: int | None = None) -> Comm:
     """One optimizer step's collectives at `nodes` x `ranks_per_node` ranks, as Comm's three
-    terms (`streams`: the device runs collectives beside compute: a GPU, not a CPU)."""
+    terms (`streams`: the device runs collectives beside compute: a GPU, not a CPU;
+    `shard_group`: fully sharded strategies shard over that many ranks and replicate beyond,
+    as HSDP does over a node; None: over all)."""
     n = nodes * ranks_per_node
     g, p = model.grad_bytes, model.param_gather_bytes
     if spec.sharding in ("full", "in-node"):
-        group, group_nodes = (n, nodes) if spec.sharding == "full" else (min(n, ranks_per_node), 1)
+        group = min(n, ranks_per_node if spec.sharding == "in-node" else shard_group or n)
+        group_nodes, replicas = max(1, group // ranks_per_node), n // group
         gathers = 1 + (model.block_share if reshard_after_forward else 0.0)
         gather = net.collective_s("all_gather", p * gathers, group, group_nodes,
                                   calls=model.units * 2)
         scatter = net.collective_s("reduce_scatter", g, group, group_nodes, calls=model.units)
-        if spec.sharding == "in-node":  # the shard's replicas all-reduced across nodes
-            scatter += net.collective_s("all_reduce", g / group, nodes, nodes, calls=model.units)
+        if replicas > 1:  # each shard all-reduced across its replicas, one per node or more
+            scatter += net.collective_s("all_reduce", g / group, replicas, replicas,
+                                        calls=model.units)
         if not streams:
             return Comm(serial=gather + scatter)
         # The first unit's gather (the root: embeddings; and the first block) and the last
@@ -309,11 +313,11 @@ class _LatencyOnly:
 
 def latency_s(spec: registry.StrategySpec, model: Model, net: Network, nodes: int,
               ranks_per_node: int, reshard_after_forward: bool = True,
-              streams: bool = True) -> float:
+              streams: bool = True, shard_group: int | None = None) -> float:
     """Of one optimizer step's collectives (comm_terms' total), the seconds that are latency:
     the part that grows with the ring's steps (or a tree's depth), not with the bytes."""
     return comm_terms(spec, model, _LatencyOnly(net), nodes, ranks_per_node,  # type: ignore
-                      reshard_after_forward, streams).total
+                      reshard_after_forward, streams, shard_group).total
 
 
 def comm_s(spec: registry.StrategySpec, model: Model, net: Network, nodes: int,

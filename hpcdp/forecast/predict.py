@@ -110,7 +110,7 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
     step_med = 1 / statistics.median(1 / s for s in fit.step_s)  # at the median tokens/s
     streams = fit.device != "cpu" if target_device is None else target_device != "cpu"
     comm_fit = comm_terms(spec, fit.model, net, fit.nodes, fit.ranks_per_node,
-                          fit.reshard_after_forward, fit.device != "cpu") \
+                          fit.reshard_after_forward, fit.device != "cpu", fit.shard_group) \
         if net and spec.transport != "none" else Comm()
     compute, window = split_step(step_med, comm_fit, fit.exposed_s, window_share(fit, spec))
     spread_lo, spread_hi = min(fit.step_s) / step_med, max(fit.step_s) / step_med
@@ -123,7 +123,7 @@ def predict(fit: Fit, net: Network | None, nodes: int, ranks_per_node: int, *,
         window *= scale
     compute *= scale
     comm = comm_terms(spec, fit.model, net, nodes, ranks_per_node, fit.reshard_after_forward,
-                      streams) if needs_net else Comm()
+                      streams, fit.shard_group) if needs_net else Comm()
     spread = net.spread if net else 0.0
     # The ranks' spread is the campaign's machine's: it carries to a target of that device type
     same_devices = target_device is None or target_device == fit.device
@@ -185,7 +185,8 @@ def _latency(out: Prediction, spec: registry.StrategySpec, fit: Fit, net: Networ
     """The collectives' latency (within their terms, shown apart) and the algorithm a
     gradient bucket's all-reduce takes at this size."""
     out.terms["latency_s"] = latency_s(spec, fit.model, net, out.nodes, ranks_per_node,
-                                       fit.reshard_after_forward, streams) if net else 0.0
+                                       fit.reshard_after_forward, streams,
+                                       fit.shard_group) if net else 0.0
     if net and spec.sharding not in ("full", "in-node"):
         out.allreduce_algorithm = net.collective("all_reduce", DDP_BUCKET_BYTES, out.gpus,
                                                  out.nodes)[2]

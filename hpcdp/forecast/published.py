@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from pathlib import Path
 
 from hpcdp import EXPERIMENTS_DIR
@@ -54,7 +55,8 @@ def published_checks(path: Path = PUBLISHED_FILE) -> list[dict]:
 
 
 def _per_gpu(strategy: str, model: Model, net, gpus_per_node: int, tokens: int, fit_gpus: int,
-             per_gpu: float, gpus: int, reshard_after_forward: bool = True):
+             per_gpu: float, gpus: int, reshard_after_forward: bool = True,
+             shard_group: int | None = None):
     """The prediction at `gpus` of a series fitted at `fit_gpus`, where each GPU trained
     `tokens` per step at `per_gpu` tokens/s (one published figure: no spread)."""
     fit = Fit(strategy=strategy, precision="bf16", communication="published",
@@ -63,7 +65,7 @@ def _per_gpu(strategy: str, model: Model, net, gpus_per_node: int, tokens: int, 
               phases_s=None, tokens_per_step=tokens * fit_gpus, micro_batch=1, accum=1,
               scaling="weak", global_batch=fit_gpus, model=model, shapes=[],
               reshard_after_forward=reshard_after_forward, state_gb=None, peak_gb=None,
-              memory_measured=None)
+              memory_measured=None, shard_group=shard_group)
     return predict(fit, net, gpus // gpus_per_node, gpus_per_node, tokens=1.0, measured={},
                    billing_per_node_hour=None)
 
@@ -71,8 +73,8 @@ def _per_gpu(strategy: str, model: Model, net, gpus_per_node: int, tokens: int, 
 SERIES_FILE = EXPERIMENTS_DIR / "forecast-published-series.yaml"
 # The registry's strategy (and FSDP's reshard_after_forward) for what a series names: ZeRO-2
 # (SHARD_GRAD_OP) keeps parameters gathered from forward to backward; the JAX recipes shard the
-# model over 16 nodes or 128 GPUs and replicate beyond, which hpcdp's model has no name for:
-# as fsdp.
+# model over 16 nodes or 128 GPUs and replicate beyond: fsdp with that shard group
+# (_shard_group, from each point's `sharding`).
 _STRATEGY = {"fsdp": ("fsdp", True), "fsdp+dp": ("fsdp", True),
              "fsdp_shard_grad_op": ("fsdp", False)}
 
@@ -100,7 +102,7 @@ def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0,
                       block_share=1 - embeddings / params)
         tokens = int(case["micro_batch_per_gpu"]) * int(case["seq_len"])
         strategy, reshard = _STRATEGY[case["strategy"]]
-        groups = _setting_groups(case["points"]) if same_settings \
+        groups = _setting_groups(case["points"], gpn) if same_settings \
             else [sorted(case["points"], key=lambda p: p["gpus"])]
         for first, *later in groups:
             for point in later:
@@ -109,7 +111,7 @@ def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0,
                     continue
                 p = _per_gpu(strategy, model, networks[case["network"]], gpn, tokens,
                              int(first["gpus"]), float(first["tokens_per_s_per_gpu"]),
-                             int(point["gpus"]), reshard)
+                             int(point["gpus"]), reshard, _shard_group(first, gpn))
                 published = float(point["tokens_per_s_per_gpu"])
                 rows.append({"series": name, "source": case["source_group"],
                              "fit_gpus": int(first["gpus"]), "gpus": int(point["gpus"]),
@@ -123,20 +125,28 @@ def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0,
     return rows
 
 
-# What a point's per-GPU settings are beyond what a series fixes (model, micro-batch, sequence,
-# precision, checkpointing, GPU): llm-foundry's tables change the gradient accumulation between
-# the points of some series (3 micro-batches per step at 8 GPUs, 1 beyond), which changes how
-# much of a step the optimizer takes per token (and the collectives, where accumulation skips
-# the gradient reduction).
-_PER_POINT_SETTINGS = ("grad_accum",)
+def _shard_group(point: dict, gpus_per_node: int) -> int | None:
+    """GPUs one copy of the model is sharded over at a point whose `sharding` says so ('FSDP=128
+    x DP=4': 128; 'FSDP=16 nodes x DP=2': 16 nodes); None where it is every GPU."""
+    found = re.match(r"FSDP=(\d+)( nodes)?", point.get("sharding") or "")
+    if not found:
+        return None
+    group = int(found[1]) * (gpus_per_node if found[2] else 1)
+    return group if group < int(point["gpus"]) else None
 
 
-def _setting_groups(points: list[dict]) -> list[list[dict]]:
-    """A series' points by their per-GPU settings, each group by GPU count: a group's smallest
-    point is the fit for the others. A point alone in its group is predicted from nothing."""
+def _setting_groups(points: list[dict], gpus_per_node: int) -> list[list[dict]]:
+    """A series' points by their per-GPU settings beyond what a series fixes (model,
+    micro-batch, sequence, precision, checkpointing, GPU), each group by GPU count: a group's
+    smallest point is the fit for the others; a point alone in its group is predicted from
+    nothing. Two settings change within series: llm-foundry's gradient accumulation (3
+    micro-batches per step at 8 GPUs, 1 beyond, which changes how much of a step the optimizer
+    takes per token), and the JAX recipes' sharding, over every GPU up to 128 or 256 and over
+    128 (16 nodes) with replicas beyond."""
     groups: dict[tuple, list[dict]] = {}
     for point in sorted(points, key=lambda p: p["gpus"]):
-        groups.setdefault(tuple(point.get(k) for k in _PER_POINT_SETTINGS), []).append(point)
+        key = (point.get("grad_accum"), _shard_group(point, gpus_per_node))
+        groups.setdefault(key, []).append(point)
     return list(groups.values())
 
 
@@ -148,7 +158,8 @@ def series_set_aside(path: Path = SERIES_FILE) -> list[tuple[str, int]]:
     data = read_yaml(Path(path), "published series")
     data.pop("networks")
     return [(name, int(group[0]["gpus"])) for name, case in data.items()
-            for group in _setting_groups(case["points"]) if len(group) == 1]
+            for group in _setting_groups(case["points"], int(case["gpus_per_node"]))
+            if len(group) == 1]
 
 
 INTERVAL = 0.90
@@ -187,7 +198,7 @@ def _conformal_bounds(values: list[float]) -> tuple[float, float] | None:
 def known_error_per_doubling(path: Path = SERIES_FILE) -> tuple[float, float]:
     """The model's error per doubling of the GPUs beyond its fit, over every published figure
     (series_checks, error / log2 ratio), as its 90% conformal bounds (low, high): what a
-    forecast beyond its fit adds to its interval. (-1.1%, +4.6%) on the series the project
+    forecast beyond its fit adds to its interval. (-1.1%, +4.2%) on the series the project
     holds: the truth lies mostly below the point."""
     bounds = _conformal_bounds([r["error"] / math.log2(r["ratio"])
                                 for r in series_checks(path)])

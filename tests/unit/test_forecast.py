@@ -45,6 +45,24 @@ TINY = forecast.Model(n_params=446_000, grad_bytes=1_784_000, param_gather_bytes
                       units=3, block_share=0.7, tensors=28)
 
 
+def test_a_shard_group_shards_within_it_and_all_reduces_across_its_replicas():
+    """HSDP's shape at any group size: hsdp over a node is fsdp with a shard group of a node;
+    fsdp sharded over 4 of 16 ranks gathers within the 4 (2 nodes) and all-reduces each
+    shard over the 4 replicas; a group of every rank is plain fsdp."""
+    from hpcdp import strategies
+
+    fsdp, hsdp = strategies.get("fsdp"), strategies.get("hsdp")
+    assert forecast.comm_terms(fsdp, TINY, NET, 4, 2, shard_group=2) \
+        == forecast.comm_terms(hsdp, TINY, NET, 4, 2)
+    assert forecast.comm_terms(fsdp, TINY, NET, 4, 2, shard_group=8) \
+        == forecast.comm_terms(fsdp, TINY, NET, 4, 2)
+    hybrid = forecast.comm_terms(fsdp, TINY, NET, 8, 2, shard_group=4)
+    within = forecast.comm_terms(fsdp, TINY, NET, 2, 2)  # the same 4 ranks, on their own
+    across = NET.collective_s("all_reduce", TINY.grad_bytes / 4, 4, 4, calls=TINY.units)
+    assert hybrid.total == pytest.approx(within.total + across)
+    assert hybrid.tail == within.tail
+
+
 def test_the_step_parts_each_strategy_leaves_exposed():
     """Comm's three terms: DDP's last bucket is its tail and nothing is serial; FSDP on a GPU
     has its first gather and last reduce-scatter as tail, on a CPU every collective serial;
@@ -227,21 +245,25 @@ def test_published_series_are_predicted_from_their_smallest_scale_as_docs_say():
     assert summary["series"] >= 10 and summary["sources"] >= 3
     assert {r["ratio"] for r in rows} == {2.0, 4.0, 8.0}
     assert all(r["low"] < r["high"] for r in rows)  # around what the others missed by
-    assert (summary["series"], summary["sources"], summary["points"]) == (31, 3, 67)
+    assert (summary["series"], summary["sources"], summary["points"]) == (31, 3, 69)
     # the issue's goals: coverage at least 90%; 4x half-width at most 8%; median |error| at
     # most 2.5%; the largest at most 6% but in the two series docs/forecast.md names
     assert round(summary["coverage"], 2) == 0.91
-    assert round(summary["median_half_width_4x"], 3) == 0.053
-    assert round(summary["median_abs_error"], 3) == 0.016
+    assert round(summary["median_half_width_4x"], 3) == 0.050
+    assert round(summary["median_abs_error"], 3) == 0.018
     named = ("llmf-a10040gb-mpt1b-s2048-mb10-bf16", "dgxc-maxtext-h100-llama2-70b-s4096-mb2-fp8")
     assert max(abs(r["error"]) for r in rows if r["series"] not in named) < 0.06
     # and the goals not met: the largest error, and errors mostly on the optimistic side
     assert round(summary["largest_abs_error"], 3) == 0.183
-    assert (summary["above"], summary["below"]) == (57, 10)
-    # what the same-settings rule set aside: the points whose gradient accumulation no other
-    # point of their series shares (llm-foundry's 8-GPU rows, mostly)
+    assert (summary["above"], summary["below"]) == (59, 10)
+    # what the same-settings rule set aside: the points whose gradient accumulation or
+    # sharding no other point of their series shares (llm-foundry's 8-GPU rows, mostly)
     aside = forecast.series_set_aside()
-    assert len(aside) == 14 and {name.split("-")[0] for name, _ in aside} == {"llmf"}
+    assert len(aside) == 15 and ("dgxc-paxml-h100-gpt175b-s2048-mb2-fp8", 128) in aside
+    # the JAX recipes' hybrid points are fitted and predicted among themselves, 128 GPUs a copy
+    hybrid = [r for r in rows if r["series"] == "dgxc-maxtext-h100-llama2-70b-s4096-mb2-bf16"]
+    assert [(r["fit_gpus"], r["gpus"]) for r in hybrid] == [(64, 128), (64, 256), (512, 1024),
+                                                            (512, 2048)]
     everything = forecast.series_summary(forecast.series_checks(same_settings=False))
     assert (everything["points"], round(everything["coverage"], 2)) == (76, 0.89)
     assert round(everything["median_half_width_4x"], 3) == 0.139
