@@ -156,14 +156,16 @@ def _record_exit(out: str, code: int, env) -> None:
 def _record_error(out: str | None, line: str) -> None:
     """RUN_DIR/ranks/error-RANK = the line a rank refused to run with: srun can end the step
     before it forwards a failed task's last output, and the batch script then prints the line
-    from here (base.sbatch.j2's ranks_said), so the job's log always says why."""
-    if not out:
-        return
+    from here (base.sbatch.j2's ranks_said), so the job's log always says why. Only into a run
+    folder that exists (a job's does: its script makes it): a mistyped command line does not
+    leave a folder behind."""
     from pathlib import Path
 
+    if not out or not Path(out).is_dir():
+        return
     try:
         folder = Path(out) / "ranks"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(exist_ok=True)
         (folder / f"error-{_rank_from_env('0')}").write_text(line + "\n")
     except OSError:
         pass  # the line is on stderr already

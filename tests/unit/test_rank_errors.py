@@ -23,16 +23,24 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_rank_that_refuses_to_run_writes_its_line_beside_its_exit(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\ntrain: {steps: -3}\n")
-    out = tmp_path / "run"
     env = {**os.environ, "SLURM_PROCID": "3", "PYTHONPATH": str(ROOT)}
     env.pop("RANK", None)
-    done = subprocess.run([sys.executable, "-m", "train", "run", "--experiment", str(bad),
-                           "--strategy", "distributed-ps", "--out", str(out)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
-    assert done.returncode == 2, done.stderr
-    line = done.stderr.strip()
+
+    def train(out: Path) -> str:
+        done = subprocess.run([sys.executable, "-m", "train", "run", "--experiment", str(bad),
+                               "--strategy", "distributed-ps", "--out", str(out)],
+                              capture_output=True, text=True, env=env, cwd=tmp_path,
+                              timeout=120)
+        assert done.returncode == 2, done.stderr
+        return done.stderr.strip()
+
+    out = tmp_path / "run"
+    out.mkdir()  # a job's script makes its run folder before the ranks start
+    line = train(out)
     assert line.startswith("error: ") and "train.steps" in line and "\n" not in line
     assert (out / "ranks" / "error-3").read_text() == line + "\n"
+    # a command line typed with a folder that is not there leaves none behind
+    assert train(tmp_path / "typo") == line and not (tmp_path / "typo").exists()
 
 
 def _ranks_said(tmp_path: Path) -> str:
