@@ -56,16 +56,18 @@ def published_checks(path: Path = PUBLISHED_FILE) -> list[dict]:
 
 def _per_gpu(strategy: str, model: Model, net, gpus_per_node: int, tokens: int, fit_gpus: int,
              per_gpu: float, gpus: int, reshard_after_forward: bool = True,
-             shard_group: int | None = None):
+             shard_group: int | None = None, rank_spread: float | None = None):
     """The prediction at `gpus` of a series fitted at `fit_gpus`, where each GPU trained
-    `tokens` per step at `per_gpu` tokens/s (one published figure: no spread)."""
+    `tokens` per step at `per_gpu` tokens/s (one published figure: no spread; `rank_spread`:
+    the ranks' spread to assume, which no published table gives)."""
     fit = Fit(strategy=strategy, precision="bf16", communication="published",
               nodes=max(1, fit_gpus // gpus_per_node), ranks_per_node=min(gpus_per_node, fit_gpus),
               step_s=[tokens / per_gpu], exposed_s=None, forward_s=None, backward_s=None,
               phases_s=None, tokens_per_step=tokens * fit_gpus, micro_batch=1, accum=1,
               scaling="weak", global_batch=fit_gpus, model=model, shapes=[],
               reshard_after_forward=reshard_after_forward, state_gb=None, peak_gb=None,
-              memory_measured=None, shard_group=shard_group)
+              memory_measured=None, shard_group=shard_group, rank_spread=rank_spread,
+              rank_spread_source="assumed")
     return predict(fit, net, gpus // gpus_per_node, gpus_per_node, tokens=1.0, measured={},
                    billing_per_node_hour=None)
 
@@ -80,12 +82,14 @@ _STRATEGY = {"fsdp": ("fsdp", True), "fsdp+dp": ("fsdp", True),
 
 
 def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0,
-                  same_settings: bool = True) -> list[dict]:
+                  same_settings: bool = True, rank_spread: float | None = None) -> list[dict]:
     """Each published series fitted at its smallest scale and predicted at each larger one up
     to `most_ratio` times it: one row per point (series, source, ratio, predicted and published
     tokens/s per GPU, the error, the interval's bounds and whether it holds the figure).
     `same_settings`: a point is predicted only from a fit with the same per-GPU settings, as
-    the checks require (see _setting_groups); False fits every series at its smallest point."""
+    the checks require (see _setting_groups); False fits every series at its smallest point.
+    `rank_spread`: a spread of the ranks' work to assume (bench/forecast_spread.py asks what
+    one would do; the checks themselves assume none, as no table gives one)."""
     from hpcdp.config import build, read_yaml
 
     data = read_yaml(Path(path), "published series")
@@ -111,7 +115,8 @@ def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0,
                     continue
                 p = _per_gpu(strategy, model, networks[case["network"]], gpn, tokens,
                              int(first["gpus"]), float(first["tokens_per_s_per_gpu"]),
-                             int(point["gpus"]), reshard, _shard_group(first, gpn))
+                             int(point["gpus"]), reshard, _shard_group(first, gpn),
+                             rank_spread)
                 published = float(point["tokens_per_s_per_gpu"])
                 rows.append({"series": name, "source": case["source_group"],
                              "fit_gpus": int(first["gpus"]), "gpus": int(point["gpus"]),

@@ -278,6 +278,19 @@ def test_published_series_are_predicted_from_their_smallest_scale_as_docs_say():
     assert scales == forecast.series_scale_table(rows), "regenerate docs/forecast.md's scales"
 
 
+def test_an_assumed_rank_spread_lowers_every_published_forecast_by_the_slowest_of_n():
+    """bench/forecast_spread.py's question: were the published series' ranks' spread known,
+    the slowest-of-N wait would lower every forecast beyond its fit, more the further out."""
+    plain = forecast.series_checks()
+    spread = forecast.series_checks(rank_spread=0.02)
+    assert [(r["series"], r["gpus"]) for r in plain] == [(r["series"], r["gpus"]) for r in spread]
+    assert all(b["predicted"] < a["predicted"] for a, b in zip(plain, spread))
+    e = forecast.expected_max_normal
+    for a, b in zip(plain, spread):  # the step grows by 0.02 x compute x (E[max N] - E[max N0])
+        grown = a["predicted"] / b["predicted"] - 1
+        assert 0 < grown <= 0.02 * (e(b["gpus"]) - e(b["fit_gpus"])) + 1e-9
+
+
 def test_a_published_interval_comes_from_the_other_series_per_doubling():
     """The interval of a figure at ratio r is the conformal bounds of the OTHER series' errors
     per doubling (error / log2 ratio), times log2(r): its own error does not move it."""
