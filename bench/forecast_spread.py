@@ -27,8 +27,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spreads", default="0,0.005,0.01,0.02,0.03")
     args = parser.parse_args()
+    try:
+        spreads = [float(s) for s in args.spreads.split(",")]
+        if any(not 0 <= s < 1 for s in spreads):
+            raise ValueError
+    except ValueError:
+        parser.error(f"--spreads {args.spreads!r}: give shares from 0 to below 1, e.g. 0,0.01")
     print("assumed spread | median error | median |error| | largest | above / below | coverage")
-    for spread in (float(s) for s in args.spreads.split(",")):
+    for spread in spreads:
         rows = forecast.series_checks(rank_spread=spread or None)
         s = forecast.series_summary(rows)
         median = statistics.median(r["error"] for r in rows)
