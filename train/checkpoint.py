@@ -208,8 +208,13 @@ def _is_dcp_failure(exc: BaseException) -> bool:
 def _free(path: Path) -> None:
     """Remove a failed write's temporary file or folder, emptying each file first: a removed
     file that a process still holds open keeps its blocks (the failed torch.save's file lives
-    on in the exception's traceback), and a full disk must be free again at once."""
-    for file in _files(path) if path.exists() else []:
+    on in the exception's traceback), and a full disk must be free again at once. A sharded
+    save's folder is every rank's: another rank may remove it while this one walks it."""
+    try:
+        files = _files(path) if path.exists() else []
+    except FileNotFoundError:
+        files = []
+    for file in files:
         with contextlib.suppress(OSError):
             os.truncate(file, 0)
     _remove(path)
