@@ -203,6 +203,11 @@ def test_a_node_slurm_declares_failed_is_named_and_the_requeued_job_resumes(
 # the test 19 steps (2-5 s) to notice and set it on a loaded machine. A 16-step run left it 6
 # steps, under a second, and once on CI the change landed too late for the run to be unsettled.
 SLOW_STEPS, SLOW_AT = 40, 12
+# 50 Mbit/s: a step's 1.8 MB of fp32 gradients then takes about 0.3 s to all-reduce, more than
+# a loaded core's backward (about 0.1 s) can hide. At 250 Mbit/s (60 ms) it once hid: with the
+# suite's other streams running, backward stretched over the slower all-reduce, the run's
+# second half was no slower than its first, and no run was unsettled.
+SLOW_RATE = "50mbit"
 
 
 def _job_nodes(job_id: str) -> list[str]:
@@ -218,9 +223,10 @@ def test_a_link_slowed_mid_campaign_shows_in_its_drift_and_the_verdict_calls_no_
         slurm_cluster, tmp_path):
     """A campaign of DDP in fp32 and bf16 on 2 nodes, one run each (one transport: one probe at
     the start, one at the end); midway through its first cell, its nodes' links go from the default
-    rate to a quarter of it. The probes' drift shows it, the run it happened under is unsettled (its
-    second half slower than its first), and the verdict on 2 nodes names the change and calls
-    no winner: which cell ran before the change is the campaign's order, not the strategy."""
+    rate to a twentieth of it (SLOW_RATE). The probes' drift shows it, the run it happened under
+    is unsettled (its second half slower than its first), and the verdict on 2 nodes names the
+    change and calls no winner: which cell ran before the change is the campaign's order, not
+    the strategy."""
     if cluster.network_mode() != "namespaces":
         pytest.skip("the cluster runs without its node network here: no link to slow")
     done = subprocess.run(
@@ -241,7 +247,7 @@ def test_a_link_slowed_mid_campaign_shows_in_its_drift_and_the_verdict_calls_no_
                 x["kind"] == "step" and x["step"] >= SLOW_AT for x in records(r))]
             if firsts:
                 slowed = _job_nodes(job_id)
-                assert len(slowed) == 2 and cluster.set_link_rate("250mbit", slowed) == 0
+                assert len(slowed) == 2 and cluster.set_link_rate(SLOW_RATE, slowed) == 0
                 slowed_after = max(x["step"] for x in records(firsts[0]) if x["kind"] == "step")
             assert time.monotonic() < deadline, f"no cell reached step {SLOW_AT}"
             time.sleep(0.2)
