@@ -136,7 +136,8 @@ def make(run_dir: str, *, nodes: list[int] | None = None, fit_nodes: list[int] |
     n_params = max(f.model.n_params for f in fits)
     total_tokens = tokens if tokens else TOKENS_PER_PARAM * n_params
     predictions = []
-    known_error = known_error_per_doubling()
+    # The published checks behind it run only where a fit has repeats, i.e. an interval to widen
+    known_error = known_error_per_doubling() if any(len(f.step_s) > 1 for f in fits) else None
     for fit in fits:
         rpn = ranks_per_node or fit.ranks_per_node
         measured = measured_by_nodes(cells, fit)
@@ -157,12 +158,12 @@ def make(run_dir: str, *, nodes: list[int] | None = None, fit_nodes: list[int] |
 
 
 def _flags_and_notes(predictions: list[Prediction], gpu_memory: float | None,
-                     known_error: tuple[float, float]) -> list[str]:
+                     known_error: tuple[float, float] | None) -> list[str]:
     """Flags a prediction over the GPU's memory; the notes the predictions as a whole need."""
     for p in predictions:
         if gpu_memory and p.memory_gb and p.memory_gb > gpu_memory:
             p.flags.append(f"exceeds {gpu_memory:.0f} GB per GPU")
-    if not any(p.known_error for p in predictions):
+    if known_error is None or not any(p.known_error for p in predictions):
         return []
     return [f"intervals beyond the fitted scale hold the model's known error on published "
             f"series, {known_error[0]:+.1%} to {known_error[1]:+.1%} per doubling of the GPUs "

@@ -90,12 +90,12 @@ def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0,
     the checks require (see _setting_groups); False fits every series at its smallest point.
     `rank_spread`: a spread of the ranks' work to assume (bench/forecast_spread.py asks what
     one would do; the checks themselves assume none, as no table gives one)."""
-    from hpcdp.config import build, read_yaml
+    from hpcdp.config import build
 
-    data = read_yaml(Path(path), "published series")
-    networks = {name: network_from_profile(build(NetworkConfig, figures["network"],
+    figures, data = _read_series(path)
+    networks = {name: network_from_profile(build(NetworkConfig, given["network"],
                                                  f"networks.{name}"), name)
-                for name, figures in data.pop("networks").items()}
+                for name, given in figures.items()}
     rows = []
     for name, case in data.items():
         gpn = int(case["gpus_per_node"])
@@ -130,6 +130,14 @@ def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0,
     return rows
 
 
+def _read_series(path: Path) -> tuple[dict, dict]:
+    """(the node types' network figures, the series) of the published series' file."""
+    from hpcdp.config import read_yaml
+
+    data = read_yaml(Path(path), "published series")
+    return data.pop("networks"), data
+
+
 def _shard_group(point: dict, gpus_per_node: int) -> int | None:
     """GPUs one copy of the model is sharded over at a point whose `sharding` says so ('FSDP=128
     x DP=4': 128; 'FSDP=16 nodes x DP=2': 16 nodes); None where it is every GPU."""
@@ -144,10 +152,10 @@ def _setting_groups(points: list[dict], gpus_per_node: int) -> list[list[dict]]:
     """A series' points by their per-GPU settings beyond what a series fixes (model,
     micro-batch, sequence, precision, checkpointing, GPU), each group by GPU count: a group's
     smallest point is the fit for the others; a point alone in its group is predicted from
-    nothing. Two settings change within series: llm-foundry's gradient accumulation (3
-    micro-batches per step at 8 GPUs, 1 beyond, which changes how much of a step the optimizer
-    takes per token), and the JAX recipes' sharding, over every GPU up to 128 or 256 and over
-    128 (16 nodes) with replicas beyond."""
+    nothing. Two settings change within series: llm-foundry's gradient accumulation (2-8
+    micro-batches per step at the smallest scale, fewer beyond, which changes how much of a
+    step the optimizer takes per token), and the JAX recipes' sharding, over every GPU up to
+    128 or 256 and over 128 (16 nodes) with replicas beyond."""
     groups: dict[tuple, list[dict]] = {}
     for point in sorted(points, key=lambda p: p["gpus"]):
         key = (point.get("grad_accum"), _shard_group(point, gpus_per_node))
@@ -158,10 +166,7 @@ def _setting_groups(points: list[dict], gpus_per_node: int) -> list[list[dict]]:
 def series_set_aside(path: Path = SERIES_FILE) -> list[tuple[str, int]]:
     """(series, GPUs) of every published point that shares its per-GPU settings with no other
     point of its series: neither fitted nor predicted."""
-    from hpcdp.config import read_yaml
-
-    data = read_yaml(Path(path), "published series")
-    data.pop("networks")
+    _, data = _read_series(path)
     return [(name, int(group[0]["gpus"])) for name, case in data.items()
             for group in _setting_groups(case["points"], int(case["gpus_per_node"]))
             if len(group) == 1]
@@ -176,7 +181,7 @@ def _interval(row: dict, rows: list[dict]) -> tuple[float | None, float | None]:
     figure widens or centres its own interval; leaving a whole source out would leave
     llm-foundry's series, most of them, too few others). Errors grow with the distance from
     the fit, so each is taken per doubling of the GPUs (error / log2 ratio): every other
-    figure, at 2x, 4x or 8x, then counts for every ratio, some 60 errors rather than the 11-31
+    figure, at 2x, 4x or 8x, then counts for every ratio, some 65 errors rather than the 7-35
     at one ratio, whose extremes alone would set the bounds. Their conformal bounds, times
     log2 of this figure's ratio; None under 10 other errors."""
     bounds = _conformal_bounds([r["error"] / math.log2(r["ratio"]) for r in rows
