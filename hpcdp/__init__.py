@@ -18,4 +18,7 @@ DATA_ROOT = (PROJECT_ROOT if (PROJECT_ROOT / "templates" / "base.sbatch.j2").is_
 TEMPLATES_DIR = DATA_ROOT / "templates"
 EXPERIMENTS_DIR = DATA_ROOT / "experiments"
 PROFILES_DIR = EXPERIMENTS_DIR / "profiles"
+# The forecast's published figures live beside the experiments but are not experiments.
+PUBLISHED_FIGURES = EXPERIMENTS_DIR / "forecast-published.yaml"
+PUBLISHED_SERIES = EXPERIMENTS_DIR / "forecast-published-series.yaml"
 SCRIPTS_DIR = DATA_ROOT / "scripts"

@@ -19,6 +19,7 @@ from hpcdp.errors import (
     CLI_NAME,
     VIA_CLI,
     ArgumentParser,
+    ConfigErrors,
     UsageError,
     one_line,
     positive_float,
@@ -62,11 +63,27 @@ def _add_selection(parser: argparse.ArgumentParser, strategy_required: bool = Fa
 
 
 def _load(args) -> tuple[config.ClusterProfile, config.Experiment]:
+    """The profile and the experiment, with --set on top; the problems of both in one error,
+    so that one run names them all."""
     cluster_over, experiment_over = config.split_overrides(args.overrides)
-    profile = config.load_profile(args.cluster, cluster_over)
-    if getattr(args, "resume_from", None):
-        return profile, _continued_experiment(args, profile, experiment_over)
-    experiment = config.load_experiment(args.experiment or DEFAULT_EXPERIMENT, experiment_over)
+    resuming = getattr(args, "resume_from", None)
+    problems: list[str] = []
+    try:
+        profile = config.load_profile(args.cluster, cluster_over)
+    except UsageError as exc:
+        if resuming:  # the earlier run's experiment is read for this profile's world
+            raise
+        problems += ConfigErrors.of(exc)
+    else:
+        if resuming:
+            return profile, _continued_experiment(args, profile, experiment_over)
+    try:
+        experiment = config.load_experiment(args.experiment or DEFAULT_EXPERIMENT,
+                                            experiment_over)
+    except UsageError as exc:
+        problems += ConfigErrors.of(exc)
+    if problems:
+        raise ConfigErrors(problems) from None
     return profile, experiment
 
 

@@ -21,8 +21,15 @@ from typing import Any, Literal
 
 import yaml
 
-from hpcdp import EXPERIMENTS_DIR, PROFILES_DIR, strategies, tracking
-from hpcdp.errors import UsageError, did_you_mean, one_line
+from hpcdp import (
+    EXPERIMENTS_DIR,
+    PROFILES_DIR,
+    PUBLISHED_FIGURES,
+    PUBLISHED_SERIES,
+    strategies,
+    tracking,
+)
+from hpcdp.errors import ConfigErrors, UsageError, did_you_mean, one_line
 
 # --------------------------------------------------------------------------------------------
 # Cluster profile
@@ -719,14 +726,18 @@ def build(cls: type, data: Any, where: str) -> Any:
         raise UsageError(f"{where} must be a mapping of keys to values, not {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     valid = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
+    kwargs, problems = {}, []
+    for key, value in data.items():  # every key, so that one run names every bad one
         if key not in valid:
-            raise UsageError(
-                f"unknown key {key!r} in {where}{did_you_mean(str(key), valid)}; "
-                f"valid keys: {', '.join(valid)}"
-            )
-        kwargs[key] = _coerce(value, hints[key], f"{where}.{key}" if where else key)
+            problems.append(f"unknown key {key!r} in {where or f'the {cls.__name__.lower()}'}"
+                            f"{did_you_mean(str(key), valid)}; valid keys: {', '.join(valid)}")
+            continue
+        try:
+            kwargs[key] = _coerce(value, hints[key], f"{where}.{key}" if where else key)
+        except UsageError as exc:
+            problems += ConfigErrors.of(exc)
+    if problems:  # the checks across fields need every field's value: they wait for these
+        raise ConfigErrors(problems)
     return cls(**kwargs)
 
 
@@ -771,15 +782,21 @@ def read_yaml(path: Path, what: str) -> dict:
     return data
 
 
-def _resolve(spec: str, folder: Path, what: str) -> Path:
-    """A shipped name (`local`, `smoke`) or a path to a YAML file."""
+def _resolve(spec: str, folder: Path, what: str, not_these: dict[Path, str] | None = None
+             ) -> Path:
+    """A shipped name (`local`, `smoke`) or a path to a YAML file. `not_these`: files in
+    `folder` that are something else (what each is), neither listed nor taken by name."""
+    not_these = not_these or {}
     path = Path(spec)
     if path.suffix in (".yaml", ".yml") or "/" in spec or path.exists():
         return path
     candidate = folder / f"{spec}.yaml"
+    shipped = sorted(p.stem for p in folder.glob("*.yaml") if p not in not_these)
+    if candidate in not_these:
+        raise UsageError(f"{spec!r} is {not_these[candidate]}, not one to run; shipped: "
+                         f"{', '.join(shipped)}, or give a path to a YAML file")
     if candidate.exists():
         return candidate
-    shipped = sorted(p.stem for p in folder.glob("*.yaml"))
     raise UsageError(
         f"no {what} named {spec!r}{did_you_mean(spec, shipped)}; "
         f"shipped: {', '.join(shipped)}, or give a path to a YAML file"
@@ -834,7 +851,9 @@ def load_profile(spec: str, overrides: dict | None = None) -> ClusterProfile:
 
 
 def load_experiment(spec: str, overrides: dict | None = None) -> Experiment:
-    path = _resolve(spec, EXPERIMENTS_DIR, "experiment")
+    path = _resolve(spec, EXPERIMENTS_DIR, "experiment", {
+        PUBLISHED_FIGURES: "the published figures `hpcdp forecast` is checked against",
+        PUBLISHED_SERIES: "the published series `hpcdp forecast` is checked against"})
     data = _merge(read_yaml(path, "experiment"), overrides or {})
     data.setdefault("name", path.stem)
     experiment = build(Experiment, data, "")

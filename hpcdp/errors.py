@@ -16,6 +16,22 @@ class UsageError(Exception):
     exit_code = 2
 
 
+class ConfigErrors(UsageError):
+    """Every problem found in a configuration at once (a profile, an experiment and their
+    --set), so that one run of the command names them all: one line still, numbered."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(problems[0] if len(problems) == 1 else
+                         f"{len(problems)} problems: "
+                         + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
+
+    @staticmethod
+    def of(error: UsageError) -> list[str]:
+        """The problems `error` reports: its own list, or its one message."""
+        return error.problems if isinstance(error, ConfigErrors) else [str(error)]
+
+
 class AlreadySaid(UsageError):
     """This rank fails for a reason another rank (rank 0) has already put in one line: the job
     log says it once, not once per rank; the exit code is the one rank 0 exits with."""

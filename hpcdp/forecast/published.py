@@ -7,13 +7,13 @@ import math
 import re
 from pathlib import Path
 
-from hpcdp import EXPERIMENTS_DIR
+from hpcdp import PUBLISHED_FIGURES, PUBLISHED_SERIES
 from hpcdp.config import NetworkConfig
 from hpcdp.forecast.inputs import Fit, network_from_profile
 from hpcdp.forecast.model import Model
 from hpcdp.forecast.predict import predict
 
-PUBLISHED_FILE = EXPERIMENTS_DIR / "forecast-published.yaml"
+PUBLISHED_FILE = PUBLISHED_FIGURES
 
 
 def published_checks(path: Path = PUBLISHED_FILE) -> list[dict]:
@@ -72,7 +72,7 @@ def _per_gpu(strategy: str, model: Model, net, gpus_per_node: int, tokens: int, 
                    billing_per_node_hour=None)
 
 
-SERIES_FILE = EXPERIMENTS_DIR / "forecast-published-series.yaml"
+SERIES_FILE = PUBLISHED_SERIES
 # The registry's strategy (and FSDP's reshard_after_forward) for what a series names: ZeRO-2
 # (SHARD_GRAD_OP) keeps parameters gathered from forward to backward; the JAX recipes shard the
 # model over 16 nodes or 128 GPUs and replicate beyond: fsdp with that shard group

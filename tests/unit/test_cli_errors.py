@@ -112,6 +112,70 @@ def test_bad_experiment_files(tmp_path, content, expected):
     assert not (tmp_path / "runs").exists()
 
 
+# Three problems in one experiment file, each of a different kind: a misspelt key, a wrong type,
+# a value outside its choices (and one in the profile), all named by one run.
+THREE_PROBLEMS = "train:\n  stepz: 3\n  micro_batch_size: x\nmodel:\n  preset: gpt5\n"
+THREE_NAMED = ["3 problems: (1) ", "'stepz'", "did you mean 'steps'",
+               "(2) train.micro_batch_size 'x'", "(3) model.preset 'gpt5'"]
+
+
+@pytest.mark.parametrize("command", ["render", "submit", "compare", "run"])
+def test_every_problem_of_a_configuration_is_named_in_one_run(tmp_path, command):
+    """litgpt's lesson: a file with three mistakes takes one run to fix, not three. Each way in
+    that loads a profile and an experiment names the profile's problems and the experiment's
+    together, on one line."""
+    (tmp_path / "exp.yaml").write_text(THREE_PROBLEMS)
+    result = run_hpcdp([command, "--experiment", "exp.yaml"]
+                       + (["--out", "runs"] if command in ("render", "submit") else []),
+                       cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(f in lines[0] for f in THREE_NAMED), lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]
+
+    (tmp_path / "profile.yaml").write_text("partition: debug\ngpus_per_nod: 4\n")
+    result = run_hpcdp([command, "--experiment", "exp.yaml", "--cluster", "profile.yaml",
+                        "--set", "train.lr=fast"], cwd=tmp_path)
+    line = result.stderr.strip()
+    assert result.returncode == 2 and "\n" not in line
+    assert line.startswith("hpcdp: error: 5 problems: (1) unknown key 'gpus_per_nod' in cluster "
+                           "(did you mean 'gpus_per_node'?)"), line
+    assert "train.lr 'fast'" in line and "model.preset 'gpt5'" in line
+
+
+def test_python_m_train_names_every_problem_too(tmp_path):
+    (tmp_path / "exp.yaml").write_text(THREE_PROBLEMS)
+    result = subprocess.run([sys.executable, "-m", "train", "--experiment", "exp.yaml",
+                             "--strategy", "ddp", "--out", "run"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(f in lines[0] for f in THREE_NAMED), lines
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_top_level_typo_names_the_experiment_and_one_problem_reads_as_before(tmp_path):
+    (tmp_path / "exp.yaml").write_text("tain:\n  steps: 3\n")
+    result = run_hpcdp(["render", "--experiment", "exp.yaml", "--out", "runs"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "hpcdp: error: unknown key 'tain' in the experiment (did you mean 'train'?); valid keys: "
+    ), result.stderr
+
+
+@pytest.mark.parametrize("name", ["forecast-published", "forecast-published-series"])
+def test_the_forecasts_published_figures_are_not_taken_for_an_experiment(tmp_path, name):
+    """They live beside the experiments (experiments/), but are the forecast's data: named as
+    an experiment they are refused for what they are, and the list of experiments leaves them
+    out."""
+    result = run_hpcdp(["render", "--experiment", name, "--out", "runs"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"'{name}' is the published" in result.stderr and "not one to run" in result.stderr
+    result = run_hpcdp(["render", "--experiment", "nope", "--out", "runs"], cwd=tmp_path)
+    assert "shipped: modern, modern-smoke, paper, smoke, or" in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_matrix_with_one_bad_cell_writes_nothing(tmp_path):
     # single-gpu on 2 nodes is skipped by the matrix, but a bad profile value fails every cell:
     # validation must finish before the first file is written.
