@@ -27,14 +27,18 @@ class Progress:
     eta_s: float | None
     """Steps left x the median step time of the last records; None until two steps ran."""
     cell: str | None = None
-    """In a campaign: "k/N name" of the cell running (or the last one)."""
+    """In a campaign: "k/N name" of the cell running."""
+    state: str | None = None
+    """What is known where there are no steps to count: a campaign's cell that has not written
+    its first record ("starting"), a network probe, or a campaign with every cell behind it."""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def line(self) -> str:
         """`120/300 loss 2.31 16,594 tok/s ETA 3m05s` (what is known)."""
-        parts = [f"{self.step}/{self.total_steps}"]
+        parts = [self.state] if self.state and not self.total_steps \
+            else [f"{self.step}/{self.total_steps}"]
         if self.loss is not None:
             parts.append(f"loss {self.loss:.3f}")
         if self.tokens_per_s is not None:
@@ -98,13 +102,20 @@ def of_campaign(folder: Path) -> Progress | None:
         return None
     # cells.done: "cell KEY EXIT_CODE" per cell that ran to its end, "failed KEY EXIT_CODE" for
     # a first attempt that failed (retried at the end of its round): both are behind us.
-    attempted = {parts[1] for parts in map(str.split, done.splitlines())
-                 if len(parts) == 3 and parts[0] in ("cell", "failed")}
-    current = next((i for i, c in enumerate(order) if c["key"] not in attempted), len(order) - 1)
+    lines = [parts for parts in map(str.split, done.splitlines()) if len(parts) == 3]
+    attempted = {parts[1] for parts in lines if parts[0] in ("cell", "failed")}
+    current = next((i for i, c in enumerate(order) if c["key"] not in attempted), None)
+    if current is None:  # every cell has run: what it came to, not the last probe's "0/0"
+        failed = sum(parts[0] == "cell" and parts[2] != "0" for parts in lines)
+        return Progress(0, 0, None, None, None, state=f"all {len(order)} cells done"
+                        + (f", {failed} failed" if failed else ""))
     cell = order[current]
     inner = of_metrics(Path(cell["run_dir"]) / METRICS_FILE)
+    probe = cell in record.get("baseline", []) + record.get("baseline_end", [])
     label = f"{current + 1}/{len(order)} {cell['key']}"
-    return dataclasses.replace(inner or Progress(0, 0, None, None, None), cell=label)
+    return dataclasses.replace(
+        inner or Progress(0, 0, None, None, None, state="network probe" if probe else "starting"),
+        cell=label)
 
 
 def _campaign_of_job(folder: Path, job_id: str | None) -> Path | None:

@@ -72,7 +72,11 @@ def test_a_campaign_shows_the_first_cell_not_done(tmp_path):
     assert got.cell == "2/3 c1" and (got.step, got.total_steps) == (20, 30)
     assert got.line().startswith("cell 2/3 c1: 20/30")
     (tmp_path / "cells.done").write_text("cell c0 0\ncell c1 0\n")
-    assert progress.of_run_dir(tmp_path).line() == "cell 3/3 c2: 0/0"
+    assert progress.of_run_dir(tmp_path).line() == "cell 3/3 c2: starting"  # no record yet
+    (tmp_path / "cells.done").write_text("cell c0 0\ncell c1 0\ncell c2 0\n")
+    assert progress.of_run_dir(tmp_path).line() == "all 3 cells done"
+    (tmp_path / "cells.done").write_text("failed c0 1\ncell c1 0\ncell c2 1\ncell c0 0\n")
+    assert progress.of_run_dir(tmp_path).line() == "all 3 cells done, 1 failed"  # c0's retry won
 
 
 def test_a_campaign_counts_its_probes_as_its_log_does_and_skips_a_failed_attempt(tmp_path):
@@ -83,6 +87,8 @@ def test_a_campaign_counts_its_probes_as_its_log_does_and_skips_a_failed_attempt
     (tmp_path / "campaign.json").write_text(json.dumps(record))
     (tmp_path / "cells.done").write_text("cell baseline-ddp-2n 0\nfailed a 1\n")
     assert progress.of_run_dir(tmp_path).cell == "3/4 b"
+    (tmp_path / "cells.done").write_text("")
+    assert progress.of_run_dir(tmp_path).line() == "cell 1/4 baseline-ddp-2n: network probe"
 
 
 def test_a_campaign_moved_aside_by_fresh_is_read_where_it_went(tmp_path):
