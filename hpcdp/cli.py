@@ -203,9 +203,10 @@ def _warn_memory(jobs, profile: config.ClusterProfile, experiment: config.Experi
         print(line, file=sys.stderr)
 
 
-def _check_partition_fits(jobs, profile: config.ClusterProfile) -> None:
+def _check_partition_fits(jobs, profile: config.ClusterProfile, asked: int | None) -> None:
     """Refuse node counts the partition can never give (Slurm would leave the job PENDING
-    with PartitionNodeLimit forever), where `scontrol show partition` can tell."""
+    with PartitionNodeLimit forever), where `scontrol show partition` can tell. `asked`: the
+    --nodes given, else the node counts came from matrix.nodes."""
     from hpcdp import slurm
 
     limit = slurm.partition_node_limit(profile.partition)
@@ -215,7 +216,8 @@ def _check_partition_fits(jobs, profile: config.ClusterProfile) -> None:
     too_big = sorted({job.nodes for job in jobs if job.nodes > most})
     if too_big:
         raise UsageError(
-            f"--nodes {too_big[-1]}: partition {partition} gives a job at most {most} node(s) "
+            f"{'--nodes' if asked else 'matrix.nodes holds'} {too_big[-1]}: partition "
+            f"{partition} gives a job at most {most} node(s) "
             f"({why}); Slurm would leave it PENDING (PartitionNodeLimit). Ask for at most "
             f"{most}, or another partition (--set cluster.partition=...)")
 
@@ -241,6 +243,11 @@ def cmd_submit(args) -> int:
     # Several cells: their data is tokenized once, by a job they wait for, not by each cell.
     prepare = (render.render_prepare_job(profile, experiment, output_dir=args.out)
                if len(jobs) > 1 and experiment.data.corpus != "synthetic" else None)
+    if not args.dry_run:  # a refusal comes alone, before the warnings
+        _check_horovod(jobs, profile)
+        _local_cluster_env(profile)
+        _check_partition_fits(jobs, profile, args.nodes)
+        _check_run_folders_visible([job.run_dir for job in jobs], profile)
     _warn_memory(jobs, profile, experiment)
     if args.dry_run:
         for job in ([prepare] if prepare else []) + jobs:
@@ -249,10 +256,6 @@ def cmd_submit(args) -> int:
                   "submitted)")
             sys.stdout.write(job.text)
         return 0
-    _check_horovod(jobs, profile)
-    _local_cluster_env(profile)
-    _check_partition_fits(jobs, profile)
-    _check_run_folders_visible([job.run_dir for job in jobs], profile)
     ordered = ([prepare] if prepare else []) + jobs
     records: list[dict] = []
     # Check, write and submit under each run folder's lock: of two submits into one folder
@@ -345,6 +348,12 @@ def cmd_compare(args) -> int:
     profile, experiment = _load(args)
     plan = campaign.plan(profile, experiment, output_dir=args.out, repeats=args.repeats,
                          fresh=args.fresh)
+    jobs = [c.job for c in plan.cells]
+    if not args.render and not args.dry_run:  # a refusal comes alone, before the notes
+        _check_horovod(jobs, profile)
+        _local_cluster_env(profile)
+        _check_partition_fits([plan.job], profile, args.nodes)
+        _check_run_folders_visible([plan.folder], profile)
     for note in plan.notes:  # how the one allocator of every cell was chosen
         print(note, file=sys.stderr)
     experiment = plan.experiment
@@ -358,12 +367,6 @@ def cmd_compare(args) -> int:
               "nothing written, nothing submitted)")
         sys.stdout.write(plan.job.text)
         return 0
-    jobs = [c.job for c in plan.cells]
-    if not args.render:
-        _check_horovod(jobs, profile)
-        _local_cluster_env(profile)
-        _check_partition_fits([plan.job], profile)
-        _check_run_folders_visible([plan.folder], profile)
     # Check, write and submit under the folder's lock (see cmd_submit).
     with submit.submit_lock([plan.folder]):
         folder_checks.prepare(jobs, experiment, fresh=args.fresh, campaign=plan.folder,

@@ -40,6 +40,13 @@ def test_more_nodes_than_the_partition_has_is_refused_before_submitting(slurm_cl
     assert f"--nodes {total + 1}" in line and "partition debug" in line
     assert f"at most {total} node(s)" in line and "PartitionNodeLimit" in line
     assert not (tmp_path / "runs").exists() and "submitted job" not in result.stdout
+    # compare's node counts come from the matrix: the line names where the count came from
+    result = hpcdp("compare", "--set", f"matrix.nodes=[1,{total + 1}]", "--out",
+                   str(tmp_path / "runs"), *FAST, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()  # the refusal alone, before any note
+    assert f"matrix.nodes holds {total + 1}: partition debug" in line, line
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_pending_job_shows_slurms_reason_and_wait_says_it_gave_up(slurm_cluster, tmp_path):
