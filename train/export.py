@@ -84,11 +84,25 @@ def find_checkpoint(run_dir: Path, step: int | None, log=print) -> Path:
                          f"{checkpoint.checkpoint_dir(run_dir)}; it has steps "
                          f"{', '.join(map(str, have)) or 'none'}")
     found = checkpoint.newest_intact(run_dir, log=log)
+    if found is None and not checkpoint.checkpoint_dir(run_dir).exists():
+        _name_runs_below(run_dir)
     if found is None:
         raise UsageError(f"no checkpoint in {checkpoint.checkpoint_dir(run_dir)}: train with "
                          "train.checkpoint_interval > 0 (or let the run finish: it saves at "
                          "its last step)")
     return found
+
+
+def _name_runs_below(folder: Path) -> None:
+    """A folder above runs (a campaign's, an experiment's, runs/): UsageError naming the runs
+    below it that have checkpoints, the folders to give instead."""
+    below = sorted({c.parent for depth in range(1, 5)
+                    for c in folder.glob("/".join(["*"] * depth + ["checkpoints"]))
+                    if c.is_dir()})
+    if below:
+        shown = ", ".join(str(p) for p in below[:3]) + (", ..." if len(below) > 3 else "")
+        raise UsageError(f"{folder} is not a run folder: it holds {len(below)} run(s) with "
+                         f"checkpoints below it; give one of them: {shown}")
 
 
 def load_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -209,6 +209,11 @@ def test_bad_input_is_one_line_and_nothing_half_written(single_run, tmp_path):
     empty = tmp_path / "empty-run"
     empty.mkdir()
     cases.append((["export", str(empty), "--to", str(tmp_path / "x")], "no checkpoint in"))
+    # A folder above runs (a campaign's, runs/): the runs below it are named, to give instead
+    above = f"{tmp_path} is not a run folder: it holds 1 run(s) with checkpoints below it; " \
+            f"give one of them: {run_dir}"
+    cases += [(["export", str(tmp_path), "--to", str(tmp_path / "x")], above),
+              (["eval", str(tmp_path)], above)]
     for args, says in cases:
         done = hpcdp(*args, cwd=tmp_path)
         assert done.returncode == 2, (args, done.stdout[-500:], done.stderr[-1000:])
