@@ -15,7 +15,7 @@ from hpcdp import run_folder, run_lock, slurm
 from hpcdp.config import Experiment, as_dict, build, load_yaml_text
 from hpcdp.errors import UsageError
 from hpcdp.render import RenderedJob, experiment_yaml
-from hpcdp.run_folder import CHECKPOINT_DIR, METRICS_FILE
+from hpcdp.run_folder import holds_a_run
 
 
 def prepare(jobs: list[RenderedJob], experiment: Experiment, *, fresh: bool,
@@ -58,10 +58,6 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
-def holds_a_run(run_dir: Path) -> bool:
-    return (run_dir / METRICS_FILE).exists() or any((run_dir / CHECKPOINT_DIR).glob("step-*"))
 
 
 def finished_at(run_dir: Path) -> int | None:

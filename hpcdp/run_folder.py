@@ -22,6 +22,12 @@ def checkpoint_name(step: int, sharded: bool) -> str:
     return f"step-{step:07d}{'.dcp' if sharded else '.pt'}"
 
 
+def holds_a_run(run_dir: Path) -> bool:
+    """An earlier run wrote here: its metrics or a checkpoint (what hpcdp's commands continue
+    or move aside, and what `python -m train` without --resume refuses to start over)."""
+    return (run_dir / METRICS_FILE).exists() or any((run_dir / CHECKPOINT_DIR).glob("step-*"))
+
+
 # ---------------------------------------------------------------- reading metrics.jsonl
 # The one reader of the file's lines: every module that reads metrics.jsonl reads it through
 # these (harvest adds a faster path for the step lines train/metrics.py writes, which falls back

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from hpcdp import distenv, run_lock
+from hpcdp import distenv, run_folder, run_lock
 from hpcdp import strategies as registry
 from hpcdp.config import Experiment, as_dict
 from hpcdp.errors import AlreadySaid, UsageError
@@ -197,7 +197,8 @@ def run(exp: Experiment, strategy: str | registry.StrategySpec, out_dir: str | P
         fault.at_start(env.rank, fired_marker=Path(out_dir) / ".fault-fired")
     strategy.setup(env, exp.train.dist_timeout_s)
     try:
-        claim = claim_run_dir(strategy, Path(out_dir), env)
+        claim = claim_run_dir(strategy, Path(out_dir), env,
+                              continuing=resume or bool(exp.train.resume_from))
         record_connected(Path(out_dir), env)
         try:
             return _train(exp, spec, env, strategy, Path(out_dir), resume,
@@ -209,17 +210,28 @@ def run(exp: Experiment, strategy: str | registry.StrategySpec, out_dir: str | P
         strategy.teardown()
 
 
-def claim_run_dir(strategy: Strategy, out_dir: Path, env: distenv.DistEnv):
+def claim_run_dir(strategy: Strategy, out_dir: Path, env: distenv.DistEnv, continuing: bool):
     """Rank 0 claims the run folder for this trainer (hpcdp/run_lock.py) before anything in it
     is read or written, and tells the other ranks: a second trainer in a folder (a job and
     `hpcdp run`, a script sbatch'ed beside a running one) is refused by every rank, in one
-    line, instead of interleaving its steps with the first's."""
+    line, instead of interleaving its steps with the first's. Not `continuing` (no --resume,
+    no train.resume_from), a folder that holds an earlier run is refused too: starting over
+    there would append a second run to its metrics.jsonl, read back as one run resumed, and
+    leave its checkpoints for a later --resume to take for this run's (hpcdp's commands always
+    pass --resume; this is `python -m train` by hand)."""
     claim, refusal = None, None
     if strategy.is_main:
         try:
             claim = run_lock.claim(out_dir, env.job_id)
         except run_lock.RunFolderBusy as exc:
             refusal = str(exc)
+        if refusal is None and not continuing and run_folder.holds_a_run(out_dir):
+            if claim is not None:
+                claim.close()
+            claim, refusal = None, (
+                f"{out_dir} holds an earlier run ({run_folder.METRICS_FILE} or checkpoints); "
+                "add --resume to continue it, or give another --out (or move it aside: hpcdp "
+                "run, submit and compare do that with --fresh)")
     refusal = strategy.broadcast_object(refusal, name="run_folder_claim")
     if refusal is not None:
         raise UsageError(refusal) if strategy.is_main else AlreadySaid(UsageError.exit_code)

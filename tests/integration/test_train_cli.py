@@ -172,3 +172,31 @@ def test_training_runs_with_the_allocator_train_malloc_names(tmp_path, setting) 
     header = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert header["malloc"] == malloc.choose(setting)[0]
     assert header["config"]["train"]["malloc"] == setting
+
+
+def test_a_folder_that_holds_a_run_is_not_started_over_without_resume(tmp_path: Path) -> None:
+    """`python -m train` by hand, twice into one --out, used to start over silently: the second
+    run's records went into the first's metrics.jsonl (read back as one run resumed) beside the
+    first's checkpoints. Now every rank refuses without --resume, before anything is written;
+    --resume continues it. (hpcdp's commands and rendered scripts always pass --resume.)"""
+    out = tmp_path / "run"
+    fast = ["--experiment", "smoke", "--out", str(out), "--set", "train.eval_interval=0",
+            "--set", "data.corpus=synthetic"]
+    done = train("--strategy", "single-gpu", "--set", "train.steps=2", *fast)
+    assert done.returncode == 0, done.stderr
+    before = (out / "metrics.jsonl").read_bytes()
+    for strategy in ("single-gpu", "fsdp"):  # the same strategy or another: both refused
+        done = train("--strategy", strategy, "--set", "train.steps=3", *fast)
+        one_line_error(done, f"{out} holds an earlier run", "add --resume")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "train",
+           "--strategy", "ddp", "--set", "train.steps=3", *fast]
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode != 0
+    said = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert said == [said[0]] and "holds an earlier run" in said[0], done.stderr[-2000:]
+    assert (out / "metrics.jsonl").read_bytes() == before
+    done = train("--strategy", "single-gpu", "--set", "train.steps=3", "--resume", *fast)
+    assert done.returncode == 0, done.stderr
+    assert "resumed from" in done.stdout + done.stderr and "step 3/3" in done.stdout
