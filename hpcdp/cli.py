@@ -21,6 +21,7 @@ from hpcdp.errors import (
     ArgumentParser,
     ConfigErrors,
     UsageError,
+    check_out_folder,
     one_line,
     positive_float,
     positive_int,
@@ -698,6 +699,8 @@ def cmd_forecast(args) -> int:
         tokens = positive_number(args.tokens.replace("_", ""), f"--tokens {args.tokens!r} is "
                                  "not a positive number of tokens; e.g. 2.5e9")
     target = config.load_profile(args.cluster) if args.cluster else None
+    if args.out:
+        check_out_folder(Path(args.out))
     _fallback_slurm_env()
     result = forecast.make(args.run_dir, nodes=nodes, fit_nodes=fit_nodes, target=target,
                            tokens=tokens, query_slurm=not args.no_slurm)

@@ -61,6 +61,23 @@ def positive_number(text: str, error: str) -> float:
     return value
 
 
+def check_out_folder(out, option: str = "--out") -> None:
+    """An output folder is refused before the command reads or prints anything, not after: a
+    file, or a folder that cannot be made (nothing is created until the outputs are written)."""
+    import os
+    from pathlib import Path
+
+    out = Path(out)
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"{option} {str(out)!r} is a file; give a folder (made if missing)")
+        return
+    existing = next(p for p in out.absolute().parents if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {str(out)!r} cannot be created: {str(existing)!r} is not a "
+                         "folder you can write to")
+
+
 def one_line(text: str) -> str:
     """Collapse line breaks so that a message stays one line even when it quotes bad input
     (every separator str.splitlines knows: \r, \v, \x1c-\x1e, \u2028, ...)."""

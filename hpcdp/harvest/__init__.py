@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcdp import job_end, slurm
-from hpcdp.errors import UsageError, did_you_mean, one_line, positive_number
+from hpcdp.errors import (
+    UsageError,
+    check_out_folder,
+    did_you_mean,
+    one_line,
+    positive_number,
+)
 from hpcdp.harvest import layout, repeats
 from hpcdp.harvest.read import (
     MetricsLog,
@@ -328,26 +334,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "files) or mlflow (a file store); runs already there are skipped")
 
 
-def _check_out(out: Path) -> None:
-    """--out is refused before the runs are read and the table printed, not after: a file, or
-    a folder that cannot be made (nothing is created until the outputs are written)."""
-    if out.exists():
-        if not out.is_dir():
-            raise UsageError(f"--out {str(out)!r} is a file; give a folder (made if missing)")
-        return
-    existing = next(p for p in out.absolute().parents if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {str(out)!r} cannot be created: {str(existing)!r} is not a "
-                         "folder you can write to")
-
-
 def main(args: argparse.Namespace) -> int:
     """Run `hpcdp harvest` from parsed arguments; returns the exit code."""
     fmt = args.format
     _check_format(fmt)
     target = _target(args.target_loss)
     if args.out:
-        _check_out(Path(args.out))
+        check_out_folder(Path(args.out))
     if args.to:
         from hpcdp.harvest import to_tracker
         tracker, dest = args.to

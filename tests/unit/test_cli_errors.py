@@ -30,6 +30,7 @@ BAD_INPUTS = [
     (["harvest", ".", "--to", "wandb", "out"], ["--to 'wandb'", "tensorboard, mlflow"]),
     # refused before the runs are read and their table printed, not after it
     (["harvest", ".", "--out", "/etc/passwd"], ["--out '/etc/passwd' is a file"]),
+    (["forecast", ".", "--out", "/etc/passwd"], ["--out '/etc/passwd' is a file"]),
     (["render", "--set", "cluster.partition=gpu;reboot"], ["'gpu;reboot'", "cluster.partition"]),
     (["render", "--experiment", "/does/not/exist.yaml"],
      ["'/does/not/exist.yaml'", "does not exist"]),
