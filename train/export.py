@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcdp import run_folder
 from hpcdp.config import Experiment, build
-from hpcdp.errors import UsageError
+from hpcdp.errors import UsageError, check_out_folder
 from train import checkpoint
 from train.data import expected_vocab_size
 
@@ -201,6 +201,7 @@ def export(run_dir: str, to: str, step: int | None = None, dtype: str = "fp32",
     if target.exists() and not force:
         raise UsageError(f"--to {to}: {target} exists; give another folder, or --force to "
                          "replace it")
+    check_out_folder(target, "--to")  # a file, or under one: before the 5 s of loading
     run = Path(run_dir).expanduser().absolute()
     path = find_checkpoint(run, step, log=log)
     _load_transformers()

@@ -51,14 +51,24 @@ def test_help_imports_neither_torch_nor_transformers() -> None:
 
 
 @pytest.mark.parametrize("argv,says", [
-    (["export", "/nonexistent/run", "--to", "/nonexistent/out"], "is not a folder"),
-    (["export", "RUN", "--to", "/nonexistent/out", "--dtype", "fp8"], "--dtype 'fp8'"),
-    (["export", "RUN", "--to", "/nonexistent/out"], "no checkpoint in"),
+    (["export", "/nonexistent/run", "--to", "OUT"], "is not a folder"),
+    (["export", "RUN", "--to", "OUT", "--dtype", "fp8"], "--dtype 'fp8'"),
+    (["export", "RUN", "--to", "OUT"], "no checkpoint in"),
+    (["export", "RUN", "--to", "FILE/out"], "'FILE' is not a folder you can write to"),
+    (["export", "RUN", "--to", "FILE", "--force"], "--to 'FILE' is a file"),
     (["eval", "RUN"], "no checkpoint in"),
     (["sample", "RUN", "--prompt", "hi"], "holds no config.json")])
 def test_model_commands_refuse_bad_input_before_importing_torch(argv, says, tmp_path) -> None:
     """A typo costs 0.3 s, not the 5 s of torch and transformers (train/export.py)."""
-    argv = [str(tmp_path) if a == "RUN" else a for a in argv]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "a-file").write_text("")
+    names = {"RUN": tmp_path / "run", "OUT": tmp_path / "out", "FILE": tmp_path / "a-file"}
+    def placed(arg: str) -> str:  # RUN, OUT and FILE, alone or as a path's first part
+        head, sep, rest = arg.partition("/")
+        return f"{names[head]}{sep}{rest}" if head in names else arg
+
+    argv = [placed(a) for a in argv]
+    says = says.replace("FILE", str(names["FILE"]))
     done = main_reporting_heavy_imports(argv)
     one_line_error(done, says)
     assert "HEAVY []" in done.stdout, done.stdout
