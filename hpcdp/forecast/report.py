@@ -59,8 +59,13 @@ def _nothing_at(fc: Forecast, n: int) -> bool:
                for p in fc.predictions if p.nodes == n)
 
 
-HEADERS = ["strategy", "prec", "GPUs", "tokens/s predicted [interval]", "tok/s/GPU",
-           "exposed", "state GB", "mem GB", "time to train", "GPU-h / billing", "notes"]
+def headers(fc: Forecast) -> list[str]:
+    """The table's columns. A forecast of CPU ranks (a CPU campaign on its own cluster, no
+    --cluster) counts ranks and rank-hours, not GPUs: what it predicts is what ran."""
+    cpu = fc.target is None and bool(fc.fits) and all(f.device == "cpu" for f in fc.fits)
+    unit = "rank" if cpu else "GPU"
+    return ["strategy", "prec", f"{unit}s", "tokens/s predicted [interval]", f"tok/s/{unit}",
+            "exposed", "state GB", "mem GB", "time to train", f"{unit}-h / billing", "notes"]
 
 
 def render_text(fc: Forecast, markdown: bool = False) -> str:
@@ -98,19 +103,20 @@ def render_text(fc: Forecast, markdown: bool = False) -> str:
     for note in fc.notes:
         lines.append(f"  note: {note}")
     empty = [n for n in fc.nodes if _nothing_at(fc, n)]
+    columns = headers(fc)
     for n in fc.nodes:
         table = rows(fc, n)
         if not table or n in empty:
             continue
         lines.append("")
         lines.append(f"{n} node(s):")
-        widths = [max(len(str(r[i])) for r in [HEADERS, *table]) for i in range(len(HEADERS))]
+        widths = [max(len(str(r[i])) for r in [columns, *table]) for i in range(len(columns))]
         if markdown:
-            lines.append("| " + " | ".join(HEADERS) + " |")
-            lines.append("|" + "---|" * len(HEADERS))
+            lines.append("| " + " | ".join(columns) + " |")
+            lines.append("|" + "---|" * len(columns))
             lines += ["| " + " | ".join(r) + " |" for r in table]
         else:
-            lines.append("  ".join(h.ljust(w) for h, w in zip(HEADERS, widths)).rstrip())
+            lines.append("  ".join(h.ljust(w) for h, w in zip(columns, widths)).rstrip())
             lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
         said = ranking_line(ranking(fc, n))
         if said:

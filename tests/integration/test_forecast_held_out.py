@@ -139,6 +139,9 @@ def test_the_table_names_what_it_is_and_the_plot_is_written(campaign, tmp_path):
     assert "Predicted, not measured" in done.stdout and "network gloo" in done.stdout
     assert "fit residuals" in done.stdout and "8 node(s):" in done.stdout
     assert not re.search(r"\b(wins|winner|faster than)\b", done.stdout)  # not a verdict
+    # CPU ranks on their own cluster: counted as ranks, not GPUs
+    assert re.search(r"^strategy +prec +ranks +tokens/s predicted \[interval\] +tok/s/rank .*"
+                     r"rank-h / billing", done.stdout, re.M), done.stdout
     written = sorted(p.name for p in (tmp_path / "fc").iterdir())
     assert written == ["forecast.json", "forecast.md", "forecast.png"]
     assert (tmp_path / "fc" / "forecast.png").stat().st_size > 10_000
@@ -187,6 +190,8 @@ def test_a_profile_giving_one_nics_rate_is_warned_once_and_still_forecast(campai
     done = hpcdp("forecast", str(campaign), "--cluster", str(profile), "--nodes", "1,16",
                  cwd=tmp_path)
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    assert re.search(r"^strategy +prec +GPUs .* tok/s/GPU .* GPU-h / billing", done.stdout,
+                     re.M), done.stdout  # a GPU cluster's forecast counts GPUs
 
 
 def test_bad_input_is_one_line(campaign, tmp_path):
