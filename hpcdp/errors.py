@@ -2,7 +2,9 @@
 
 import argparse
 import difflib
+import os
 from collections.abc import Iterable
+from pathlib import Path
 
 CLI_NAME = "hpcdp"
 # Set by `hpcdp export|sample|eval`, which exec `python -m train`: that process then names itself
@@ -64,9 +66,6 @@ def positive_number(text: str, error: str) -> float:
 def check_out_folder(out, option: str = "--out") -> None:
     """An output folder is refused before the command reads or prints anything, not after: a
     file, or a folder that cannot be made (nothing is created until the outputs are written)."""
-    import os
-    from pathlib import Path
-
     out = Path(out)
     if out.exists():
         if not out.is_dir():

@@ -88,8 +88,6 @@ from hpcdp.forecast.model import (
 )
 from hpcdp.forecast.predict import ONE_RUN, Prediction, predict
 from hpcdp.forecast.published import (
-                                  PUBLISHED_FILE,
-                                  SERIES_FILE,
                                   known_error_per_doubling,
                                   published_checks,
                                   series_checks,
@@ -100,8 +98,7 @@ from hpcdp.forecast.published import (
 )
 from hpcdp.forecast.report import as_json, plot, ranking, ranking_line, render_text, rows
 
-__all__ = ["ADAM_STEP_BYTES", "DEFAULT_NODES", "ONE_RUN", "OVERLAP_SLOWDOWN", "PUBLISHED_FILE",
-           "SERIES_FILE", "TOKENS_PER_PARAM",
+__all__ = ["ADAM_STEP_BYTES", "DEFAULT_NODES", "ONE_RUN", "OVERLAP_SLOWDOWN", "TOKENS_PER_PARAM",
            "Comm", "Fit", "Forecast", "Model", "Network", "Prediction", "_last_bucket",
            "activation_bytes", "as_json", "billing_rate", "comm_s", "comm_terms",
            "expected_max_normal", "experiment_shapes", "fit_network", "fits_of",

@@ -13,10 +13,8 @@ from hpcdp.forecast.inputs import Fit, network_from_profile
 from hpcdp.forecast.model import Model
 from hpcdp.forecast.predict import predict
 
-PUBLISHED_FILE = PUBLISHED_FIGURES
 
-
-def published_checks(path: Path = PUBLISHED_FILE) -> list[dict]:
+def published_checks(path: Path = PUBLISHED_FIGURES) -> list[dict]:
     """The model against published scaling figures (experiments/forecast-published.yaml): for
     each, what it predicts from the inputs published with it, the published value and the
     relative error, and whether the file's tolerance applies to that figure."""
@@ -72,7 +70,6 @@ def _per_gpu(strategy: str, model: Model, net, gpus_per_node: int, tokens: int, 
                    billing_per_node_hour=None)
 
 
-SERIES_FILE = PUBLISHED_SERIES
 # The registry's strategy (and FSDP's reshard_after_forward) for what a series names: ZeRO-2
 # (SHARD_GRAD_OP) keeps parameters gathered from forward to backward; the JAX recipes shard the
 # model over 16 nodes or 128 GPUs and replicate beyond: fsdp with that shard group
@@ -81,7 +78,7 @@ _STRATEGY = {"fsdp": ("fsdp", True), "fsdp+dp": ("fsdp", True),
              "fsdp_shard_grad_op": ("fsdp", False)}
 
 
-def series_checks(path: Path = SERIES_FILE, most_ratio: float = 8.0,
+def series_checks(path: Path = PUBLISHED_SERIES, most_ratio: float = 8.0,
                   same_settings: bool = True, rank_spread: float | None = None) -> list[dict]:
     """Each published series fitted at its smallest scale and predicted at each larger one up
     to `most_ratio` times it: one row per point (series, source, ratio, predicted and published
@@ -163,7 +160,7 @@ def _setting_groups(points: list[dict], gpus_per_node: int) -> list[list[dict]]:
     return list(groups.values())
 
 
-def series_set_aside(path: Path = SERIES_FILE) -> list[tuple[str, int]]:
+def series_set_aside(path: Path = PUBLISHED_SERIES) -> list[tuple[str, int]]:
     """(series, GPUs) of every published point that shares its per-GPU settings with no other
     point of its series: neither fitted nor predicted."""
     _, data = _read_series(path)
@@ -205,7 +202,7 @@ def _conformal_bounds(values: list[float]) -> tuple[float, float] | None:
 
 
 @functools.cache
-def known_error_per_doubling(path: Path = SERIES_FILE) -> tuple[float, float]:
+def known_error_per_doubling(path: Path = PUBLISHED_SERIES) -> tuple[float, float]:
     """The model's error per doubling of the GPUs beyond its fit, over every published figure
     (series_checks, error / log2 ratio), as its 90% conformal bounds (low, high): what a
     forecast beyond its fit adds to its interval. (-1.1%, +4.2%) on the series the project
